@@ -1,0 +1,28 @@
+#pragma once
+// Shared plumbing of the caviar command-line program: how commands register, report progress
+// and print their one-line JSON summary. Validation and I/O live in the drivers; apps stay thin.
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "comm/comm.hpp"
+
+namespace caviar::app {
+
+struct Context {
+  const Comm* comm = nullptr;
+  std::string command_line;  // provenance, stored in output files
+  bool quiet = false;
+  std::function<void()> action;  // set by the chosen subcommand
+};
+
+// Rank 0 prints the final summary as one JSON line on stdout.
+void print_summary(const Context& ctx, const nlohmann::ordered_json& j);
+// Rank 0 prints a progress line on stderr (unless --quiet).
+void print_progress(const Context& ctx, const std::string& line);
+
+void add_gmm_commands(CLI::App& app, Context& ctx);
+void add_generate_commands(CLI::App& app, Context& ctx);
+
+}  // namespace caviar::app

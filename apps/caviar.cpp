@@ -1,0 +1,56 @@
+// caviar: distributed variational inference. Thin main: parse, run the chosen command, and turn
+// every error into one line and a non-zero exit on every rank.
+#include <cstdio>
+#include <iostream>
+
+#include "app.hpp"
+#include "core/error.hpp"
+
+namespace caviar::app {
+
+void print_summary(const Context& ctx, const nlohmann::ordered_json& j) {
+  if (ctx.comm->is_root()) std::cout << j.dump() << std::endl;
+}
+
+void print_progress(const Context& ctx, const std::string& line) {
+  if (!ctx.quiet && ctx.comm->is_root()) std::cerr << line << std::endl;
+}
+
+}  // namespace caviar::app
+
+int main(int argc, char** argv) {
+  using namespace caviar;
+  Environment env(argc, argv);
+  const Comm comm = Comm::world();
+  app::Context ctx;
+  ctx.comm = &comm;
+  for (int i = 0; i < argc; ++i) ctx.command_line += (i ? " " : "") + std::string(argv[i]);
+
+  CLI::App cli{"caviar: distributed variational inference (MPI + OpenMP + HDF5)"};
+  cli.require_subcommand(1);
+  cli.add_flag("-q,--quiet", ctx.quiet, "No progress output");
+  cli.set_version_flag("--version", CAVIAR_VERSION);
+  app::add_gmm_commands(cli, ctx);
+  app::add_generate_commands(cli, ctx);
+
+  // Every rank parses the same arguments, so every rank reaches the same verdict.
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (comm.is_root()) return cli.exit(e);
+    return e.get_exit_code();
+  }
+  try {
+    ctx.action();
+  } catch (const Error& e) {
+    // Agreed errors: every rank throws the same one; rank 0 speaks for all.
+    if (comm.is_root()) std::fprintf(stderr, "caviar: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    // Not agreed: other ranks may be waiting in a collective, so abort them all.
+    std::fprintf(stderr, "caviar: internal error on rank %d: %s\n", comm.rank(), e.what());
+    std::fflush(stderr);
+    std::abort();
+  }
+  return 0;
+}

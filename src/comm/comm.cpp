@@ -1,0 +1,184 @@
+#include "comm/comm.hpp"
+
+#include <mpi.h>
+
+#include <cstring>
+#include <limits>
+
+namespace caviar {
+
+static_assert(sizeof(MPI_Comm) <= sizeof(std::uint64_t), "MPI_Comm does not fit the opaque handle");
+
+namespace {
+MPI_Comm unpack(std::uint64_t h) {
+  MPI_Comm c;
+  std::memcpy(&c, &h, sizeof(MPI_Comm));
+  return c;
+}
+std::uint64_t pack(MPI_Comm c) {
+  std::uint64_t h = 0;
+  std::memcpy(&h, &c, sizeof(MPI_Comm));
+  return h;
+}
+// MPI counts are int: split large buffers so payloads over 2^31 elements still work.
+constexpr std::size_t kMaxChunk = static_cast<std::size_t>(std::numeric_limits<int>::max());
+}  // namespace
+
+Environment::Environment(int& argc, char**& argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // Errors come back as codes we check, rather than aborting inside MPI.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+Environment::~Environment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Comm::Comm(std::uint64_t handle, bool owned) : handle_(handle), owned_(owned) {
+  MPI_Comm_rank(unpack(handle_), &rank_);
+  MPI_Comm_size(unpack(handle_), &size_);
+}
+
+Comm Comm::world() {
+  return Comm(pack(MPI_COMM_WORLD), false);
+}
+Comm Comm::self() {
+  return Comm(pack(MPI_COMM_SELF), false);
+}
+
+Comm::Comm(Comm&& o) noexcept
+    : handle_(o.handle_), owned_(o.owned_), rank_(o.rank_), size_(o.size_) {
+  o.handle_ = pack(MPI_COMM_NULL);
+  o.owned_ = false;
+}
+
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    this->~Comm();
+    handle_ = o.handle_;
+    owned_ = o.owned_;
+    rank_ = o.rank_;
+    size_ = o.size_;
+    o.handle_ = pack(MPI_COMM_NULL);
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+Comm::~Comm() {
+  if (owned_) {
+    MPI_Comm c = unpack(handle_);
+    if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+  }
+}
+
+namespace {
+void check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw Error(std::string("MPI ") + what + " failed: " + std::string(msg, len));
+  }
+}
+template <class T>
+void allreduce_chunks(std::span<T> buf, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  for (std::size_t off = 0; off < buf.size(); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, buf.size() - off));
+    check(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, n, type, op, comm), "allreduce");
+  }
+}
+template <class T>
+void bcast_chunks(std::span<T> buf, MPI_Datatype type, int root, MPI_Comm comm) {
+  for (std::size_t off = 0; off < buf.size(); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, buf.size() - off));
+    check(MPI_Bcast(buf.data() + off, n, type, root, comm), "broadcast");
+  }
+}
+}  // namespace
+
+void Comm::allreduce_sum(std::span<double> buf) const {
+  if (size_ == 1 || buf.empty()) return;
+  allreduce_chunks(buf, MPI_DOUBLE, MPI_SUM, unpack(handle_));
+}
+
+void Comm::allreduce_sum(std::span<std::int64_t> buf) const {
+  if (size_ == 1 || buf.empty()) return;
+  allreduce_chunks(buf, MPI_INT64_T, MPI_SUM, unpack(handle_));
+}
+
+double Comm::allreduce_max(double v) const {
+  if (size_ == 1) return v;
+  allreduce_chunks(std::span<double>(&v, 1), MPI_DOUBLE, MPI_MAX, unpack(handle_));
+  return v;
+}
+
+std::int64_t Comm::allreduce_min(std::int64_t v) const {
+  if (size_ == 1) return v;
+  allreduce_chunks(std::span<std::int64_t>(&v, 1), MPI_INT64_T, MPI_MIN, unpack(handle_));
+  return v;
+}
+
+std::int64_t Comm::allreduce_max(std::int64_t v) const {
+  if (size_ == 1) return v;
+  allreduce_chunks(std::span<std::int64_t>(&v, 1), MPI_INT64_T, MPI_MAX, unpack(handle_));
+  return v;
+}
+
+void Comm::broadcast(std::span<double> buf, int root) const {
+  if (size_ == 1 || buf.empty()) return;
+  bcast_chunks(buf, MPI_DOUBLE, root, unpack(handle_));
+}
+
+void Comm::broadcast(std::span<std::int64_t> buf, int root) const {
+  if (size_ == 1 || buf.empty()) return;
+  bcast_chunks(buf, MPI_INT64_T, root, unpack(handle_));
+}
+
+void Comm::broadcast(std::string& s, int root) const {
+  if (size_ == 1) return;
+  std::int64_t n = static_cast<std::int64_t>(s.size());
+  broadcast(std::span<std::int64_t>(&n, 1), root);
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) bcast_chunks(std::span<char>(s.data(), s.size()), MPI_CHAR, root, unpack(handle_));
+}
+
+std::vector<double> Comm::allgather(double v) const {
+  std::vector<double> out(static_cast<std::size_t>(size_), v);
+  if (size_ > 1) {
+    check(MPI_Allgather(&v, 1, MPI_DOUBLE, out.data(), 1, MPI_DOUBLE, unpack(handle_)),
+          "allgather");
+  }
+  return out;
+}
+
+std::vector<std::int64_t> Comm::allgather(std::int64_t v) const {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(size_), v);
+  if (size_ > 1) {
+    check(MPI_Allgather(&v, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, unpack(handle_)),
+          "allgather");
+  }
+  return out;
+}
+
+void Comm::barrier() const {
+  if (size_ > 1) check(MPI_Barrier(unpack(handle_)), "barrier");
+}
+
+void Comm::raise_if_any(const std::string& local_error) const {
+  if (size_ == 1) {
+    if (!local_error.empty()) throw Error(local_error);
+    return;
+  }
+  const std::int64_t mine = local_error.empty() ? size_ : rank_;
+  const std::int64_t first = allreduce_min(mine);
+  if (first == size_) return;
+  std::string message = local_error;
+  broadcast(message, static_cast<int>(first));
+  throw Error(message);
+}
+
+}  // namespace caviar

@@ -1,0 +1,82 @@
+#pragma once
+// The communication layer: an RAII MPI environment and a communicator that models never see.
+// Drivers call one allreduce of one contiguous buffer per step. This header does not include
+// <mpi.h>; only comm.cpp (and io/, through mpi_native.hpp) do.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace caviar {
+
+// Initialises MPI (thread level FUNNELED: only the main thread calls MPI) and finalises it on
+// destruction. Exactly one per program, created first thing in main.
+class Environment {
+ public:
+  Environment(int& argc, char**& argv);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+};
+
+class Comm {
+ public:
+  // Borrowed handles: never freed by Comm.
+  static Comm world();
+  static Comm self();
+  Comm(Comm&& other) noexcept;
+  Comm& operator=(Comm&& other) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  ~Comm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_root() const { return rank_ == 0; }
+
+  // In-place element-wise sums over all ranks. A single rank returns at once.
+  void allreduce_sum(std::span<double> buf) const;
+  void allreduce_sum(std::span<std::int64_t> buf) const;
+  double allreduce_max(double v) const;
+  std::int64_t allreduce_min(std::int64_t v) const;
+  std::int64_t allreduce_max(std::int64_t v) const;
+  void broadcast(std::span<double> buf, int root) const;
+  void broadcast(std::span<std::int64_t> buf, int root) const;
+  void broadcast(std::string& s, int root) const;
+  // Every rank gets every rank's value, in rank order.
+  std::vector<double> allgather(double v) const;
+  std::vector<std::int64_t> allgather(std::int64_t v) const;
+  void barrier() const;
+
+  // Error agreement: every rank passes its own error message ("" for none). If any rank has one,
+  // every rank throws the same Error, carrying the message of the lowest failing rank. Call it at
+  // every point where one rank can fail alone, so that no rank is left waiting in a collective.
+  void raise_if_any(const std::string& local_error) const;
+
+  // Runs f and agrees on its outcome: a caviar::Error on any rank becomes one on every rank.
+  template <class F>
+  void agree(F&& f) const {
+    std::string message;
+    try {
+      f();
+    } catch (const Error& e) {
+      message = e.what();
+      if (message.empty()) message = "unknown error";
+    }
+    raise_if_any(message);
+  }
+
+  // Opaque handle for io/ (see mpi_native.hpp).
+  const void* native_handle() const { return &handle_; }
+
+ private:
+  explicit Comm(std::uint64_t handle, bool owned);
+  std::uint64_t handle_ = 0;  // MPI_Comm stored as bytes, so that <mpi.h> stays out of headers
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace caviar

@@ -1,0 +1,36 @@
+#pragma once
+// The home of OpenMP. Models describe work per block of rows; this file decides how blocks map to
+// threads. Exceptions thrown inside a parallel region are captured and rethrown after it, since
+// an exception escaping an OpenMP region terminates the program.
+#include <omp.h>
+
+#include <cstdint>
+#include <exception>
+#include <mutex>
+
+namespace caviar {
+
+inline int max_threads() {
+  return omp_get_max_threads();
+}
+
+// Calls body(thread_id, block_begin, block_end) for consecutive blocks of `block` items in
+// [0, n). Static schedule: a block's thread is a function of (n, block, thread count) only.
+template <class Body>
+void parallel_blocks(std::int64_t n, std::int64_t block, int n_threads, Body&& body) {
+  const std::int64_t n_blocks = (n + block - 1) / block;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    try {
+      body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace caviar

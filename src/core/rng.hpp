@@ -1,0 +1,35 @@
+#pragma once
+// Counter-based random numbers (Philox4x32-10, Salmon et al. SC'11). A draw is a pure function of
+// (seed, stream, global index, step), never of the rank or thread that computes it: this is what
+// makes every random choice in caviar independent of the number of ranks and threads.
+#include <array>
+#include <cstdint>
+
+namespace caviar {
+
+// One stream per purpose, so that two uses of the same seed never share draws.
+enum class Stream : std::uint32_t {
+  kInitResponsibilities = 1,
+  kKmeansPlusPlus = 2,
+  kGenerateParams = 3,
+  kGenerateRows = 4,
+};
+
+std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,
+                                           std::array<std::uint32_t, 2> key);
+
+class CounterRng {
+ public:
+  CounterRng(std::uint64_t seed, Stream stream) : seed_(seed), stream_(stream) {}
+
+  // Two independent uniforms in the open interval (0, 1), 53 random bits each.
+  std::array<double, 2> uniform2(std::uint64_t index, std::uint32_t step) const;
+  // Two independent standard normals (Box-Muller on uniform2).
+  std::array<double, 2> normal2(std::uint64_t index, std::uint32_t step) const;
+
+ private:
+  std::uint64_t seed_;
+  Stream stream_;
+};
+
+}  // namespace caviar

@@ -1,0 +1,137 @@
+#include "inference/init.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "core/rng.hpp"
+
+namespace caviar {
+
+RowMatrix random_responsibilities(std::int64_t row_begin, std::int64_t n_rows, int k,
+                                  std::uint64_t seed) {
+  const CounterRng rng(seed, Stream::kInitResponsibilities);
+  RowMatrix r(n_rows, k);
+  for (std::int64_t i = 0; i < n_rows; ++i) {
+    for (int j = 0; j < k; j += 2) {
+      const auto u = rng.uniform2(static_cast<std::uint64_t>(row_begin + i), j / 2);
+      r(i, j) = u[0];
+      if (j + 1 < k) r(i, j + 1) = u[1];
+    }
+    r.row(i) /= r.row(i).sum();
+  }
+  return r;
+}
+
+namespace {
+
+// The global row that maximises key, ties to the lowest row; every rank gets the same answer.
+std::int64_t global_argmax(const Comm& comm, double key, std::int64_t row) {
+  const auto keys = comm.allgather(key);
+  const auto rows = comm.allgather(row);
+  std::int64_t best = -1;
+  double best_key = -std::numeric_limits<double>::infinity();
+  for (std::size_t p = 0; p < keys.size(); ++p) {
+    if (rows[p] < 0) continue;
+    if (best < 0 || keys[p] > best_key || (keys[p] == best_key && rows[p] < best)) {
+      best = rows[p];
+      best_key = keys[p];
+    }
+  }
+  return best;
+}
+
+// Candidates per center in greedy k-means++: 2 + floor(ln K), as Arthur & Vassilvitskii suggest.
+int c_trials(int k) {
+  return std::min(128, 2 + static_cast<int>(std::log(static_cast<double>(k))));
+}
+
+int owner_of(std::int64_t row, std::int64_t n_global, int n_ranks) {
+  for (int p = 0; p < n_ranks; ++p) {
+    const RowRange r = partition_rows(n_global, n_ranks, p);
+    if (row >= r.begin && row < r.end) return p;
+  }
+  return n_ranks - 1;
+}
+
+}  // namespace
+
+RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange range,
+                                  std::int64_t n_global, int k, std::uint64_t seed,
+                                  int lloyd_iters) {
+  const std::int64_t n = x.rows();
+  const Eigen::Index d = x.cols();
+  const CounterRng rng(seed, Stream::kKmeansPlusPlus);
+  RowMatrix centers(k, d);
+  Eigen::VectorXd dist2 = Eigen::VectorXd::Constant(n, std::numeric_limits<double>::infinity());
+
+  // Greedy k-means++ (as scikit-learn): draw 2 + ln K candidates per center and keep the one that
+  // lowers the potential sum_n d_n^2 the most.
+  const int n_trials = c_trials(k);
+  for (int c = 0; c < k; ++c) {
+    const int trials = c == 0 ? 1 : n_trials;
+    std::vector<Eigen::VectorXd> cand(static_cast<std::size_t>(trials), Eigen::VectorXd(d));
+    for (int t = 0; t < trials; ++t) {
+      double best_key = -std::numeric_limits<double>::infinity();
+      std::int64_t best_row = -1;
+      for (std::int64_t i = 0; i < n; ++i) {
+        // Draw (center c, trial t) of row n: counter (n, 64 c + t / 2), lane t % 2.
+        const double u = rng.uniform2(static_cast<std::uint64_t>(range.begin + i),
+                                      static_cast<std::uint32_t>(64 * c + t / 2))[t % 2];
+        const double w = c == 0 ? 1.0 : dist2[i];
+        // Reservoir key ln(u)/w; with every weight zero (duplicates) fall back to uniform.
+        const double key = w > 0 ? std::log(u) / w : -1e300 + std::log(u);
+        if (best_row < 0 || key > best_key) {
+          best_key = key;
+          best_row = range.begin + i;
+        }
+      }
+      const std::int64_t chosen = global_argmax(comm, best_key, best_row);
+      if (chosen >= range.begin && chosen < range.end) cand[t] = x.row(chosen - range.begin);
+      comm.broadcast(std::span<double>(cand[t].data(), d), owner_of(chosen, n_global, comm.size()));
+    }
+    int best = 0;
+    if (trials > 1) {
+      std::vector<double> potential(static_cast<std::size_t>(trials), 0.0);
+      for (std::int64_t i = 0; i < n; ++i)
+        for (int t = 0; t < trials; ++t)
+          potential[t] += std::min(dist2[i], (x.row(i).transpose() - cand[t]).squaredNorm());
+      comm.allreduce_sum(potential);
+      for (int t = 1; t < trials; ++t)
+        if (potential[t] < potential[best]) best = t;
+    }
+    centers.row(c) = cand[best].transpose();
+    for (std::int64_t i = 0; i < n; ++i)
+      dist2[i] = std::min(dist2[i], (x.row(i) - centers.row(c)).squaredNorm());
+  }
+
+  Eigen::VectorXi label(n);
+  auto assign = [&] {
+    for (std::int64_t i = 0; i < n; ++i) {
+      Eigen::Index best;
+      (centers.rowwise() - x.row(i)).rowwise().squaredNorm().minCoeff(&best);
+      label[i] = static_cast<int>(best);
+    }
+  };
+  assign();
+  for (int it = 0; it < lloyd_iters; ++it) {
+    // One buffer, one allreduce: per-cluster sums then counts.
+    std::vector<double> buf(static_cast<std::size_t>(k * (d + 1)), 0.0);
+    for (std::int64_t i = 0; i < n; ++i) {
+      double* s = buf.data() + label[i] * d;
+      for (Eigen::Index j = 0; j < d; ++j) s[j] += x(i, j);
+      buf[k * d + label[i]] += 1.0;
+    }
+    comm.allreduce_sum(buf);
+    for (int c = 0; c < k; ++c) {
+      const double cnt = buf[k * d + c];
+      if (cnt > 0)  // an empty cluster keeps its center
+        for (Eigen::Index j = 0; j < d; ++j) centers(c, j) = buf[c * d + j] / cnt;
+    }
+    assign();
+  }
+  RowMatrix r = RowMatrix::Zero(n, k);
+  for (std::int64_t i = 0; i < n; ++i) r(i, label[i]) = 1.0;
+  return r;
+}
+
+}  // namespace caviar

@@ -1,0 +1,27 @@
+#pragma once
+// Initial responsibilities for the mixtures. Every choice is keyed by (seed, global row), so the
+// result is the same for any number of ranks.
+#include <cstdint>
+#include <string>
+
+#include "comm/comm.hpp"
+#include "core/partition.hpp"
+#include "models/gmm/gmm.hpp"
+
+namespace caviar {
+
+using gmm::RowMatrix;
+
+// r_nk proportional to independent uniforms (as scikit-learn's init_params="random").
+RowMatrix random_responsibilities(std::int64_t row_begin, std::int64_t n_rows, int k,
+                                  std::uint64_t seed);
+
+// Distributed k-means++ seeding (Arthur & Vassilvitskii 2007), then `lloyd_iters` Lloyd steps;
+// returns hard responsibilities. Each center is drawn by weighted reservoir sampling (key
+// ln(u_n) / d_n^2, largest wins; Efraimidis & Spirakis 2006), so the draw is one max-reduction
+// whose winner does not depend on how rows are split over ranks.
+RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange range,
+                                  std::int64_t n_global, int k, std::uint64_t seed,
+                                  int lloyd_iters);
+
+}  // namespace caviar

@@ -1,0 +1,31 @@
+#include "inference/shard.hpp"
+
+#include <cmath>
+
+namespace caviar {
+
+Shard load_shard(const Comm& comm, const io::DataRef& ref) {
+  Shard s;
+  s.ref = ref;
+  s.shape = io::inspect_matrix(comm, ref);
+  if (s.shape.rows < comm.size())
+    throw Error(ref.str() + " has " + std::to_string(s.shape.rows) + " rows, fewer than the " +
+                std::to_string(comm.size()) + " MPI ranks");
+  s.range = partition_rows(s.shape.rows, comm.size(), comm.rank());
+  s.x = io::read_rows(comm, ref, s.shape, s.range);
+  std::string err;
+  for (Eigen::Index i = 0; i < s.x.rows() && err.empty(); ++i) {
+    for (Eigen::Index j = 0; j < s.x.cols(); ++j) {
+      if (!std::isfinite(s.x(i, j))) {
+        err = ref.str() + " has a non-finite value (" + std::to_string(s.x(i, j)) + ") at row " +
+              std::to_string(s.range.begin + i) + ", column " + std::to_string(j);
+        break;
+      }
+    }
+  }
+  // The lowest failing rank holds the lowest bad row, so every run reports the same row.
+  comm.raise_if_any(err);
+  return s;
+}
+
+}  // namespace caviar

@@ -1,0 +1,381 @@
+#include "models/gmm/gmm.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/partition.hpp"
+#include "math/special.hpp"
+
+namespace caviar::gmm {
+
+using Eigen::Index;
+using Eigen::MatrixXd;
+using Eigen::VectorXd;
+
+Covariance parse_covariance(const std::string& s) {
+  if (s == "full") return Covariance::kFull;
+  if (s == "diag") return Covariance::kDiag;
+  throw Error("unknown covariance type '" + s + "' (expected full or diag)");
+}
+
+std::string to_string(Covariance c) {
+  return c == Covariance::kFull ? "full" : "diag";
+}
+
+Prior default_prior(Covariance cov, int dim, int n_components) {
+  Prior p;
+  p.alpha0 = 1.0 / n_components;
+  p.beta0 = 1.0;
+  p.nu0 = dim;
+  p.m0 = VectorXd::Zero(dim);
+  p.W0_inv = cov == Covariance::kFull ? MatrixXd(MatrixXd::Identity(dim, dim))
+                                      : MatrixXd(MatrixXd::Ones(dim, 1));
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stats
+
+Stats::Stats(int dim, int n_components, Covariance cov)
+    : dim_(dim),
+      k_(n_components),
+      cov_(cov),
+      moment_size_(cov == Covariance::kFull ? std::size_t(dim) * (dim + 1) / 2 : std::size_t(dim)),
+      sxx_offset_(std::size_t(n_components) * (1 + dim)),
+      buf_(sxx_offset_ + std::size_t(n_components) * moment_size_ + 2, 0.0) {}
+
+Stats& Stats::operator+=(const Stats& o) {
+  for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] += o.buf_[i];
+  return *this;
+}
+
+MatrixXd Stats::sxx_matrix(int k) const {
+  MatrixXd s(dim_, dim_);
+  const double* p = sxx(k);
+  for (int i = 0; i < dim_; ++i)
+    for (int j = i; j < dim_; ++j) s(i, j) = s(j, i) = *p++;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-thread accumulation
+
+namespace {
+
+// A thread's running sums. Full second moments are kept as whole D x D (lower triangle filled by
+// the rank-k update) and packed only once, when threads are combined.
+struct Accumulator {
+  VectorXd n;
+  RowMatrix sx;               // K x D
+  std::vector<MatrixXd> sxx;  // full: K of D x D (lower triangle valid)
+  RowMatrix sxx_diag;         // diag: K x D
+  double log_norm = 0;
+  double rows = 0;
+  RowMatrix xc, r;  // scratch: centred block, responsibilities of the block
+
+  Accumulator(int d, int k, Covariance cov) : n(VectorXd::Zero(k)), sx(RowMatrix::Zero(k, d)) {
+    if (cov == Covariance::kFull)
+      sxx.assign(k, MatrixXd::Zero(d, d));
+    else
+      sxx_diag = RowMatrix::Zero(k, d);
+  }
+
+  // Adds block statistics: N_k, sum r (x - c), sum r (x - c)(x - c)^T (seed eqs 1.45-1.47 before
+  // normalisation). The scatter is a symmetric rank-n update on sqrt(r)-weighted rows.
+  void add(const RowMatrix& xcb, const RowMatrix& rb) {
+    n += rb.colwise().sum().transpose();
+    sx.noalias() += rb.transpose() * xcb;
+    rows += static_cast<double>(xcb.rows());
+    if (!sxx.empty()) {
+      for (Index k = 0; k < rb.cols(); ++k) {
+        if (rb.col(k).maxCoeff() <= 0.0) continue;
+        const MatrixXd z = (xcb.array().colwise() * rb.col(k).array().sqrt()).matrix();
+        sxx[k].selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
+      }
+    } else {
+      sxx_diag.noalias() += rb.transpose() * xcb.cwiseAbs2();
+    }
+  }
+
+  // Adds this thread's sums into the packed Stats buffer.
+  void flush_into(Stats& s) const {
+    const int d = s.dim();
+    for (int k = 0; k < s.n_components(); ++k) {
+      s.n(k) += n[k];
+      for (int j = 0; j < d; ++j) s.sx(k)[j] += sx(k, j);
+      double* p = s.sxx(k);
+      if (!sxx.empty()) {
+        for (int i = 0; i < d; ++i)
+          for (int j = i; j < d; ++j) *p++ += sxx[k](j, i);  // lower (j >= i) holds the data
+      } else {
+        for (int j = 0; j < d; ++j) p[j] += sxx_diag(k, j);
+      }
+    }
+    s.log_norm() += log_norm;
+    s.rows() += rows;
+  }
+};
+
+// Runs body(acc, r0, r1) over blocks of rows on all threads, then adds the thread sums into
+// stats in thread order (a fixed order for a fixed thread count).
+template <class Body>
+void for_blocks(Index n_rows, int d, int k, Covariance cov, Stats& stats, Body&& body) {
+  const int n_threads =
+      std::max(1, std::min<int>(max_threads(), (n_rows + kBlockRows - 1) / kBlockRows));
+  std::vector<Accumulator> acc;
+  acc.reserve(n_threads);
+  for (int t = 0; t < n_threads; ++t) acc.emplace_back(d, k, cov);
+  parallel_blocks(n_rows, kBlockRows, n_threads,
+                  [&](int t, std::int64_t r0, std::int64_t r1) { body(acc[t], r0, r1); });
+  for (const auto& a : acc) a.flush_into(stats);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Model
+
+Model::Model(Covariance cov, int n_components, Prior prior, VectorXd shift)
+    : cov_(cov), k_(n_components), prior_(std::move(prior)), shift_(std::move(shift)) {}
+
+void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const {
+  const int d = dim(), kk = static_cast<int>(resp.cols());
+  for_blocks(x.rows(), d, kk, cov_, stats, [&](Accumulator& a, Index r0, Index r1) {
+    a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+    a.r = resp.middleRows(r0, r1 - r0);
+    a.add(a.xc, a.r);
+  });
+}
+
+void Model::log_rho(const RowMatrix& xc, Index r0, Index r1, RowMatrix& out) const {
+  // Seed eq. 1.42 with 1.58-1.60: ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
+  //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xc here is already x - c.
+  const Index n = r1 - r0;
+  const int d = dim(), kk = n_components();
+  out.resize(n, kk);
+  for (int k = 0; k < kk; ++k) {
+    const double base =
+        e_log_pi_[k] + 0.5 * e_logdet_[k] - 0.5 * d * math::kLog2Pi - 0.5 * d / post_.beta[k];
+    Eigen::VectorXd quad(n);
+    if (cov_ == Covariance::kFull) {
+      // (x - m)^T W (x - m) = ||(x - m)^T P||^2 with P P^T = W: one GEMM per component.
+      RowMatrix y = xc.middleRows(r0, n) * prec_chol_[k];
+      y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
+      quad = y.rowwise().squaredNorm();
+    } else {
+      quad = ((xc.middleRows(r0, n).rowwise() - m_shifted_.row(k)).array().square().rowwise() *
+              w_diag_.row(k).array())
+                 .rowwise()
+                 .sum();
+    }
+    out.col(k) = (base - 0.5 * post_.nu[k] * quad.array()).matrix();
+  }
+}
+
+void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) const {
+  const int d = dim(), kk = n_components();
+  if (resp_out) resp_out->resize(x.rows(), kk);
+  for_blocks(x.rows(), d, kk, cov_, stats, [&](Accumulator& a, Index r0, Index r1) {
+    a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+    log_rho(a.xc, 0, r1 - r0, a.r);
+    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj).
+    for (Index i = 0; i < a.r.rows(); ++i) {
+      const double lse = math::log_sum_exp(a.r.row(i));
+      a.log_norm += lse;
+      a.r.row(i) = (a.r.row(i).array() - lse).exp();
+    }
+    if (resp_out) resp_out->middleRows(r0, r1 - r0) = a.r;
+    a.add(a.xc, a.r);
+  });
+}
+
+void Model::update(const Stats& s) {
+  // Natural-parameter form of Bishop (10.58), (10.60)-(10.63), in coordinates shifted by c:
+  //   alpha_k = alpha0 + N_k,  beta_k = beta0 + N_k,  nu_k = nu0 + N_k,
+  //   beta_k m_k = beta0 m0 + Sx_k,
+  //   W_k^-1 = W0^-1 + beta0 m0 m0^T + Sxx_k - beta_k m_k m_k^T,
+  // which equals (10.62) (N_k S_k + beta0 N_k/(beta0 + N_k) (xbar - m0)(xbar - m0)^T) without
+  // dividing by N_k, so empty components need no special case.
+  const int d = dim(), kk = s.n_components();
+  const VectorXd m0c = prior_.m0 - shift_;
+  Posterior p;
+  p.alpha.resize(kk);
+  p.beta.resize(kk);
+  p.nu.resize(kk);
+  p.m.resize(kk, d);
+  p.W_inv.resize(kk);
+  for (int k = 0; k < kk; ++k) {
+    const double nk = s.n(k);
+    p.alpha[k] = prior_.alpha0 + nk;
+    p.beta[k] = prior_.beta0 + nk;
+    p.nu[k] = prior_.nu0 + nk;
+    const VectorXd mc = (prior_.beta0 * m0c + Eigen::Map<const VectorXd>(s.sx(k), d)) / p.beta[k];
+    p.m.row(k) = (mc + shift_).transpose();
+    if (cov_ == Covariance::kFull) {
+      MatrixXd wi = prior_.W0_inv + prior_.beta0 * m0c * m0c.transpose() + s.sxx_matrix(k) -
+                    p.beta[k] * mc * mc.transpose();
+      p.W_inv[k] = 0.5 * (wi + wi.transpose());
+    } else {
+      p.W_inv[k] = prior_.W0_inv + prior_.beta0 * m0c.cwiseAbs2() +
+                   Eigen::Map<const VectorXd>(s.sxx(k), d) - p.beta[k] * mc.cwiseAbs2();
+    }
+  }
+  set_posterior(std::move(p));
+}
+
+void Model::set_posterior(Posterior post) {
+  if (post.alpha.size() != k_) throw Error("posterior has the wrong number of components");
+  post_ = std::move(post);
+  refresh();
+}
+
+void Model::refresh() {
+  const int d = dim(), kk = n_components();
+  const double digamma_sum = math::digamma(post_.alpha.sum());
+  e_log_pi_.resize(kk);
+  e_logdet_.resize(kk);
+  logdet_w_.resize(kk);
+  m_shifted_ = post_.m.rowwise() - shift_.transpose();
+  prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
+  w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
+  for (int k = 0; k < kk; ++k) {
+    e_log_pi_[k] = math::digamma(post_.alpha[k]) - digamma_sum;  // seed eq. 1.59
+    if (cov_ == Covariance::kFull) {
+      Eigen::LLT<MatrixXd> llt(post_.W_inv[k]);
+      if (llt.info() != Eigen::Success)
+        throw Error("component " + std::to_string(k) +
+                    ": posterior scale matrix is not positive definite");
+      const MatrixXd l = llt.matrixL();
+      // P = L^-T: a triangular solve, so P P^T = (L L^T)^-1 = W without inverting W^-1.
+      prec_chol_[k] = l.transpose().triangularView<Eigen::Upper>().solve(MatrixXd::Identity(d, d));
+      logdet_w_[k] = -2.0 * l.diagonal().array().log().sum();
+      e_logdet_[k] = math::expected_logdet_wishart(logdet_w_[k], post_.nu[k], d);  // eq. 1.60
+    } else {
+      const Eigen::ArrayXd wi = post_.W_inv[k].col(0).array();
+      if (!(wi > 0).all())
+        throw Error("component " + std::to_string(k) +
+                    ": posterior scale is not positive (numerical breakdown)");
+      w_diag_.row(k) = wi.inverse().matrix().transpose();
+      logdet_w_[k] = -wi.log().sum();
+      // Each dimension is a 1-D Wishart: E[ln lambda_d] = psi(nu/2) + ln 2 + ln w_d.
+      e_logdet_[k] = d * (math::digamma(0.5 * post_.nu[k]) + math::kLog2) + logdet_w_[k];
+    }
+  }
+}
+
+double Model::elbo(const Stats& s) const {
+  // With optimal responsibilities, E[ln p(X|Z,mu,Lambda)] + E[ln p(Z|pi)] - E[ln q(Z)] collapses
+  // to sum_n ln sum_k rho_nk (Bishop 10.71, 10.72, 10.75): the log_norm statistic.
+  const int d = dim(), kk = n_components();
+  double l = s.log_norm();
+  // E[ln p(pi)] - E[ln q(pi)]: Bishop (10.73) - (10.76).
+  l += math::log_dirichlet_norm(VectorXd::Constant(kk, prior_.alpha0)) -
+       math::log_dirichlet_norm(post_.alpha);
+  l += ((prior_.alpha0 - post_.alpha.array()) * e_log_pi_.array()).sum();
+  // E[ln p(mu, Lambda)] - E[ln q(mu, Lambda)]: Bishop (10.74) - (10.77).
+  const double b0 = prior_.beta0;
+  double logdet_w0 = 0;
+  Eigen::LLT<MatrixXd> llt0;
+  if (cov_ == Covariance::kFull) {
+    llt0.compute(prior_.W0_inv);
+    logdet_w0 = -2.0 * MatrixXd(llt0.matrixL()).diagonal().array().log().sum();
+  }
+  for (int k = 0; k < kk; ++k) {
+    const double bk = post_.beta[k], nuk = post_.nu[k];
+    const VectorXd dm = (post_.m.row(k).transpose() - prior_.m0);
+    // Gaussian parts; the E[ln|Lambda_k|]/2 of (10.74) and (10.77) cancel.
+    double quad_m, tr_w0inv_w;
+    if (cov_ == Covariance::kFull) {
+      quad_m = (prec_chol_[k].transpose() * dm).squaredNorm();  // (m_k - m0)^T W_k (m_k - m0)
+      const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
+      tr_w0inv_w = prior_.W0_inv.cwiseProduct(w).sum();
+    } else {
+      quad_m = (dm.cwiseAbs2().array() * w_diag_.row(k).transpose().array()).sum();
+      tr_w0inv_w = (prior_.W0_inv.col(0).array() * w_diag_.row(k).transpose().array()).sum();
+    }
+    l += 0.5 * (d * std::log(b0 / (2 * M_PI)) - d * b0 / bk - b0 * nuk * quad_m);
+    l -= 0.5 * d * std::log(bk / (2 * M_PI)) - 0.5 * d;
+    l -= 0.5 * nuk * tr_w0inv_w;
+    // Wishart parts: ln B(W0, nu0) + (nu0 - p - 1)/2 E[ln|Lambda|] + H[Lambda], per Wishart block.
+    if (cov_ == Covariance::kFull) {
+      l += math::log_wishart_norm(logdet_w0, prior_.nu0, d) +
+           0.5 * (prior_.nu0 - d - 1) * e_logdet_[k] +
+           math::wishart_entropy(logdet_w_[k], nuk, d, e_logdet_[k]);
+    } else {
+      for (int j = 0; j < d; ++j) {
+        const double logw = std::log(w_diag_(k, j));
+        const double elog = math::expected_logdet_wishart(logw, nuk, 1);
+        l += math::log_wishart_norm(-std::log(prior_.W0_inv(j, 0)), prior_.nu0, 1) +
+             0.5 * (prior_.nu0 - 2) * elog + math::wishart_entropy(logw, nuk, 1, elog);
+      }
+    }
+  }
+  return l;
+}
+
+double Model::log_predictive_sum(const RowMatrix& x) const {
+  // Seed eq. 1.73: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
+  // L_k = (nu_k + 1 - D) beta_k / (1 + beta_k) W_k. The diagonal model factorises over
+  // dimensions into 1-D Student-t densities with nu_k degrees of freedom.
+  const int d = dim(), kk = n_components();
+  const double log_alpha_hat = std::log(post_.alpha.sum());
+  Eigen::VectorXd base(kk), scale(kk), dof(kk);
+  for (int k = 0; k < kk; ++k) {
+    const double nup = cov_ == Covariance::kFull ? post_.nu[k] + 1 - d : post_.nu[k];
+    const double c = nup * post_.beta[k] / (1 + post_.beta[k]);
+    dof[k] = nup;
+    scale[k] = c;
+    const int dims_per_t = cov_ == Covariance::kFull ? d : 1;
+    const int n_t = cov_ == Covariance::kFull ? 1 : d;
+    base[k] = std::log(post_.alpha[k]) - log_alpha_hat +
+              n_t * (std::lgamma(0.5 * (nup + dims_per_t)) - std::lgamma(0.5 * nup) -
+                     0.5 * dims_per_t * std::log(M_PI * nup) + 0.5 * dims_per_t * std::log(c)) +
+              0.5 * logdet_w_[k];
+  }
+  double total = 0;
+  std::vector<double> partial(static_cast<std::size_t>(max_threads()), 0.0);
+  parallel_blocks(
+      x.rows(), kBlockRows, max_threads(), [&](int t, std::int64_t r0, std::int64_t r1) {
+        const Index n = r1 - r0;
+        const RowMatrix xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
+        RowMatrix lp(n, kk);
+        for (int k = 0; k < kk; ++k) {
+          if (cov_ == Covariance::kFull) {
+            RowMatrix y = xc * prec_chol_[k];
+            y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
+            const Eigen::ArrayXd delta2 = scale[k] * y.rowwise().squaredNorm().array();
+            lp.col(k) = (base[k] - 0.5 * (dof[k] + d) * (delta2 / dof[k]).log1p()).matrix();
+          } else {
+            const Eigen::ArrayXXd delta2 =
+                scale[k] * ((xc.rowwise() - m_shifted_.row(k)).array().square().rowwise() *
+                            w_diag_.row(k).array());
+            lp.col(k) =
+                (base[k] - 0.5 * (dof[k] + 1) * (delta2 / dof[k]).log1p().rowwise().sum()).matrix();
+          }
+        }
+        for (Index i = 0; i < n; ++i) partial[t] += math::log_sum_exp(lp.row(i));
+      });
+  for (double p : partial) total += p;
+  return total;
+}
+
+VectorXd Model::weights() const {
+  return post_.alpha / post_.alpha.sum();
+}
+
+std::vector<MatrixXd> Model::covariances() const {
+  std::vector<MatrixXd> c(post_.W_inv.size());
+  for (std::size_t k = 0; k < c.size(); ++k) c[k] = post_.W_inv[k] / post_.nu[Index(k)];
+  return c;
+}
+
+std::vector<MatrixXd> Model::scale_matrices() const {
+  std::vector<MatrixXd> w(static_cast<std::size_t>(n_components()));
+  for (int k = 0; k < n_components(); ++k)
+    w[k] = cov_ == Covariance::kFull ? MatrixXd(prec_chol_[k] * prec_chol_[k].transpose())
+                                     : MatrixXd(w_diag_.row(k).transpose());
+  return w;
+}
+
+}  // namespace caviar::gmm

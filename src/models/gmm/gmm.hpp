@@ -1,0 +1,150 @@
+#pragma once
+// Variational Bayesian Gaussian mixture (Bishop PRML section 10.2; seed thesis eqs 1.42-1.73).
+//
+//   pi ~ Dir(alpha0),  (mu_k, Lambda_k) ~ N(m0, (beta0 Lambda_k)^-1) W(W0, nu0),
+//   z_n ~ Cat(pi),     x_n | z_n = k ~ N(mu_k, Lambda_k^-1).
+//
+// Full covariance uses a D-dimensional Wishart; diagonal covariance gives each dimension its own
+// 1-D Wishart (a Gamma) sharing beta_k and nu_k, so the diagonal model is exactly conjugate.
+//
+// The model knows nothing of MPI or files. A step is:
+//   local_step(shard)    -> Stats  (E-step over local rows; OpenMP inside)
+//   [driver: Stats are summed over ranks in one allreduce]
+//   update(stats)        -> new Posterior (M-step, identical on every rank)
+//   elbo(stats)          -> the full bound (Bishop 10.70-10.77, every constant)
+//
+// All second moments are taken about a fixed shift c (the global data mean): this keeps the raw
+// moment sums well conditioned when the data sit far from the origin.
+#include <Eigen/Cholesky>
+#include <Eigen/Core>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace caviar::gmm {
+
+using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+enum class Covariance { kFull, kDiag };
+Covariance parse_covariance(const std::string& s);
+std::string to_string(Covariance c);
+
+struct Prior {
+  double alpha0 = 0;       // Dirichlet concentration, per component
+  double beta0 = 1;        // precision scaling of the mean
+  double nu0 = 0;          // Wishart degrees of freedom
+  Eigen::VectorXd m0;      // D
+  Eigen::MatrixXd W0_inv;  // inverse Wishart scale: full D x D; diag D x 1 (the diagonal)
+};
+
+// Default priors of the foundation issue: alpha0 = 1/K, beta0 = 1, m0 = 0, W0 = I, nu0 = D.
+Prior default_prior(Covariance cov, int dim, int n_components);
+
+// q(pi) q(mu, Lambda): Bishop (10.57)-(10.63). The Wishart scale is held as W_k^-1, the form
+// the update produces (and the natural parameter SVI interpolates); W_k itself is derived.
+struct Posterior {
+  Eigen::VectorXd alpha, beta, nu;     // K
+  RowMatrix m;                         // K x D
+  std::vector<Eigen::MatrixXd> W_inv;  // K of (D x D) full, or (D x 1) diag
+};
+
+class Model;
+
+// The sufficient statistics of one step, one contiguous buffer (so one allreduce moves them).
+//   N_k = sum_n r_nk; Sx_k = sum_n r_nk (x_n - c); Sxx_k = sum_n r_nk (x_n - c)(x_n - c)^T, packed
+//   upper triangle (full) or diagonal (diag); log_norm = sum_n log sum_k rho_nk; rows = n.
+class Stats {
+ public:
+  Stats(int dim, int n_components, Covariance cov);
+  std::span<double> buffer() { return buf_; }
+  std::span<const double> buffer() const { return buf_; }
+  void set_zero() { std::fill(buf_.begin(), buf_.end(), 0.0); }
+  Stats& operator+=(const Stats& o);
+
+  int dim() const { return dim_; }
+  int n_components() const { return k_; }
+  std::size_t moment_size() const { return moment_size_; }  // per component
+  double& n(int k) { return buf_[k]; }
+  double n(int k) const { return buf_[k]; }
+  double* sx(int k) { return buf_.data() + k_ + std::size_t(k) * dim_; }
+  const double* sx(int k) const { return buf_.data() + k_ + std::size_t(k) * dim_; }
+  double* sxx(int k) { return buf_.data() + sxx_offset_ + std::size_t(k) * moment_size_; }
+  const double* sxx(int k) const {
+    return buf_.data() + sxx_offset_ + std::size_t(k) * moment_size_;
+  }
+  double& log_norm() { return buf_[buf_.size() - 2]; }
+  double log_norm() const { return buf_[buf_.size() - 2]; }
+  double& rows() { return buf_.back(); }
+  double rows() const { return buf_.back(); }
+
+  // Full covariance: unpack component k's Sxx into a symmetric D x D matrix.
+  Eigen::MatrixXd sxx_matrix(int k) const;
+
+ private:
+  int dim_, k_;
+  Covariance cov_;
+  std::size_t moment_size_, sxx_offset_;
+  std::vector<double> buf_;
+};
+
+class Model {
+ public:
+  Model(Covariance cov, int n_components, Prior prior, Eigen::VectorXd shift);
+
+  Covariance covariance() const { return cov_; }
+  int dim() const { return static_cast<int>(shift_.size()); }
+  int n_components() const { return k_; }
+  const Prior& prior() const { return prior_; }
+  const Posterior& posterior() const { return post_; }
+  const Eigen::VectorXd& shift() const { return shift_; }
+  Stats make_stats() const { return Stats(dim(), n_components(), cov_); }
+
+  // Accumulates the statistics of given responsibilities (rows of resp sum to 1) into stats.
+  void accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const;
+
+  // E-step over local rows: responsibilities from the current posterior (seed eq. 1.61, in log
+  // space), their statistics added into stats. If resp_out is given it receives r (n x K).
+  void local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out = nullptr) const;
+
+  // M-step from summed statistics (Bishop 10.58, 10.60-10.63, in natural-parameter form).
+  // Throws caviar::Error if a component's scale matrix is not positive definite.
+  void update(const Stats& stats);
+
+  // Replaces the posterior (e.g. read from a model file) and recomputes the cached expectations.
+  void set_posterior(Posterior post);
+
+  // The ELBO of the current posterior with the optimal responsibilities. stats must come from
+  // local_step under this posterior (their log_norm is the data term): Bishop (10.70)-(10.77).
+  double elbo(const Stats& stats) const;
+
+  // Sum over rows of the log posterior predictive density, a Student-t mixture (seed eq. 1.73).
+  double log_predictive_sum(const RowMatrix& x) const;
+
+  // Expected weights E[pi_k], means m_k, and covariances (E[Lambda_k])^-1 = W_k^-1 / nu_k (the
+  // convention of scikit-learn's BayesianGaussianMixture.covariances_).
+  Eigen::VectorXd weights() const;
+  std::vector<Eigen::MatrixXd> covariances() const;
+  // W_k = P_k P_k^T, from the Cholesky factor (no inverse of W_k^-1 is formed).
+  std::vector<Eigen::MatrixXd> scale_matrices() const;
+
+ private:
+  void refresh();  // recompute the cached expectations below from post_
+  // Per-row log rho_nk (seed eq. 1.42 with 1.58-1.60) for rows [r0, r1) of x into out (n x K).
+  void log_rho(const RowMatrix& x, Eigen::Index r0, Eigen::Index r1, RowMatrix& out) const;
+
+  Covariance cov_;
+  int k_;
+  Prior prior_;
+  Eigen::VectorXd shift_;
+  Posterior post_;
+  // Cached from post_ by refresh():
+  Eigen::VectorXd e_log_pi_;                // E[ln pi_k], seed eq. 1.59
+  Eigen::VectorXd e_logdet_;                // E[ln |Lambda_k|], seed eq. 1.60
+  Eigen::VectorXd logdet_w_;                // ln |W_k|
+  std::vector<Eigen::MatrixXd> prec_chol_;  // full: upper P_k = L_k^-T with P_k P_k^T = W_k
+  RowMatrix w_diag_;                        // diag: W_kd (K x D)
+  RowMatrix m_shifted_;                     // m_k - c (K x D)
+};
+
+}  // namespace caviar::gmm
