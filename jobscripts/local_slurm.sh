@@ -88,6 +88,17 @@ wait_for_pidfile() {
   return 1
 }
 
+# wait_gone PID NAME TRIES: polls every 0.1 s until the process is gone; fails if it is not.
+wait_gone() {
+  local pid=$1 name=$2 tries=$3 i
+  for ((i = 0; i < tries; i++)); do
+    pid_alive "$pid" "$name" || return 0
+    sleep 0.1
+  done
+  ! pid_alive "$pid" "$name"
+}
+
+
 # stop_pid DIR NAME: SIGTERM the recorded pid of NAME, wait up to 20 s, then
 # SIGKILL. Daemons are not our children, so `wait` cannot be used; poll.
 stop_pid() {
@@ -103,18 +114,10 @@ stop_pid() {
   fi
   log "stopping $name (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 200; i++)); do
-    pid_alive "$pid" "$name" || break
-    sleep 0.1
-  done
-  if pid_alive "$pid" "$name"; then
+  if ! wait_gone "$pid" "$name" 200; then
     log "$name (pid $pid) ignored SIGTERM for 20 s, sending SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do
-      pid_alive "$pid" "$name" || break
-      sleep 0.1
-    done
-    pid_alive "$pid" "$name" && die "could not stop $name (pid $pid)"
+    wait_gone "$pid" "$name" 50 || die "could not stop $name (pid $pid)"
   fi
   rm -f "$dir/pids/$name.pid"
 }

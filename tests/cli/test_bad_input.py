@@ -5,26 +5,22 @@ every rank, no hang (a timeout fails the case), and no output file, new or chang
 usage: test_bad_input.py CAVIAR_BIN WORKDIR
 """
 import os
-import shutil
 import subprocess
 import sys
 
 import h5py
 import numpy as np
 
+from clitest import fresh_workdir, mpirun
+
 TIMEOUT = 60
 
 
-def mpirun(n):
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", "-n", str(n), "--oversubscribe"] + extra
 
 
 def main():
     caviar, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    p = lambda name: os.path.join(work, name)
+    p = fresh_workdir(work)
 
     rng = np.random.default_rng(0)
     good = rng.normal(size=(600, 2))

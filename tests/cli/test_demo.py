@@ -7,12 +7,13 @@ usage: test_demo.py CAVIAR_BIN WORKDIR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import h5py
 import numpy as np
+
+from clitest import fresh_workdir
 
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.dirname(os.path.dirname(here))
@@ -20,7 +21,7 @@ root = os.path.dirname(os.path.dirname(here))
 
 def main():
     caviar, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
+    fresh_workdir(work)
     r = subprocess.run(["bash", os.path.join(root, "scripts", "run_demo.sh"), caviar, work],
                        capture_output=True, text=True, timeout=300)
     print(r.stdout[-3000:])

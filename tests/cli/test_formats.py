@@ -8,16 +8,15 @@ usage: test_formats.py CAVIAR_BIN WORKDIR
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import h5py
 import numpy as np
 
+from clitest import fresh_workdir, mpirun
 
-def mpirun(n):
-    return ["mpirun", "-n", str(n), "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
 
 
 def run(argv):
@@ -29,9 +28,7 @@ def run(argv):
 
 def main():
     caviar, work = sys.argv[1], sys.argv[2]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    p = lambda n: os.path.join(work, n)
+    p = fresh_workdir(work)
     rng = np.random.default_rng(3)
     centers = np.array([[0, 0, 0], [40, 10, -20], [-30, 25, 10]])
     x = np.concatenate([c + 3 * rng.normal(size=(700, 3)) for c in centers])
