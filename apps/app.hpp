@@ -24,5 +24,6 @@ void print_progress(const Context& ctx, const std::string& line);
 
 void add_gmm_commands(CLI::App& app, Context& ctx);
 void add_generate_commands(CLI::App& app, Context& ctx);
+void add_prep_commands(CLI::App& app, Context& ctx);
 
 }  // namespace caviar::app

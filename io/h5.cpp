@@ -378,20 +378,27 @@ ParallelRowWriter::~ParallelRowWriter() {
 
 void ParallelRowWriter::write_rows(const std::string& name, std::int64_t global_rows,
                                    RowRange range, const double* data, const Dims& row_shape) {
-  write_impl(name, global_rows, range, data, row_shape, false);
+  write_impl(name, global_rows, range, data, row_shape, Type::kDouble);
 }
 
 void ParallelRowWriter::write_rows(const std::string& name, std::int64_t global_rows,
                                    RowRange range, const std::int64_t* data,
                                    const Dims& row_shape) {
-  write_impl(name, global_rows, range, data, row_shape, true);
+  write_impl(name, global_rows, range, data, row_shape, Type::kInt64);
+}
+
+void ParallelRowWriter::write_rows(const std::string& name, std::int64_t global_rows,
+                                   RowRange range, const float* data, const Dims& row_shape) {
+  write_impl(name, global_rows, range, data, row_shape, Type::kFloat);
 }
 
 void ParallelRowWriter::write_impl(const std::string& name, std::int64_t global_rows,
                                    RowRange range, const void* data, const Dims& row_shape,
-                                   bool is_int) {
+                                   Type dtype) {
   comm_.agree([&] {
-    const hid_t type = is_int ? H5T_NATIVE_INT64 : H5T_NATIVE_DOUBLE;
+    const hid_t type = dtype == Type::kInt64   ? H5T_NATIVE_INT64
+                       : dtype == Type::kFloat ? H5T_NATIVE_FLOAT
+                                               : H5T_NATIVE_DOUBLE;
     const int rank = 1 + static_cast<int>(row_shape.size());
     std::vector<hsize_t> gdims{static_cast<hsize_t>(global_rows)}, count{0}, start{0};
     count[0] = static_cast<hsize_t>(range.size());

@@ -9,6 +9,7 @@ pkgs=(
   libhdf5-openmpi-dev hdf5-tools
   libeigen3-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev googletest libbenchmark-dev
+  zlib1g-dev dataset-fashion-mnist
   libopenblas0-pthread
   python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib
 )

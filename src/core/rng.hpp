@@ -13,6 +13,12 @@ enum class Stream : std::uint32_t {
   kKmeansPlusPlus = 2,
   kGenerateParams = 3,
   kGenerateRows = 4,
+  kSviMinibatch = 5,  // global minibatch draws of SVI (mixtures and LDA)
+  kVaeInit = 6,       // VAE weight initialisation
+  kVaeNoise = 7,      // VAE reparameterisation noise, keyed by (global row, step)
+  kVaeShuffle = 8,    // VAE epoch permutations
+  kLdaInit = 9,       // LDA initial topics
+  kLdaGenerate = 10,  // synthetic LDA corpora
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,
