@@ -110,6 +110,30 @@ void Comm::allreduce_sum(std::span<std::int64_t> buf) const {
   allreduce_chunks(buf, MPI_INT64_T, MPI_SUM, unpack(handle_));
 }
 
+namespace {
+// MPI has no 128-bit integer type: a contiguous pair of 64-bit words, and a commutative user op.
+void sum_int128(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const __int128*>(in);
+  auto* b = static_cast<__int128*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] += a[i];
+}
+struct Int128Op {
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op op = MPI_OP_NULL;
+  Int128Op() {
+    check(MPI_Type_contiguous(2, MPI_UINT64_T, &type), "type creation");
+    check(MPI_Type_commit(&type), "type commit");
+    check(MPI_Op_create(&sum_int128, 1, &op), "op creation");
+  }
+};
+}  // namespace
+
+void Comm::allreduce_sum(std::span<__int128> buf) const {
+  if (size_ == 1 || buf.empty()) return;
+  static const Int128Op int128;  // created on first use, after MPI_Init; freed by MPI_Finalize
+  allreduce_chunks(buf, int128.type, int128.op, unpack(handle_));
+}
+
 double Comm::allreduce_max(double v) const {
   if (size_ == 1) return v;
   allreduce_chunks(std::span<double>(&v, 1), MPI_DOUBLE, MPI_MAX, unpack(handle_));

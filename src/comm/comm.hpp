@@ -39,6 +39,9 @@ class Comm {
   // In-place element-wise sums over all ranks. A single rank returns at once.
   void allreduce_sum(std::span<double> buf) const;
   void allreduce_sum(std::span<std::int64_t> buf) const;
+  // Exact integer sums (the reduction of ExactSum, core/exact_sum.hpp): any reduction order gives
+  // the same bits, so results do not depend on the rank count.
+  void allreduce_sum(std::span<__int128> buf) const;
   double allreduce_max(double v) const;
   std::int64_t allreduce_min(std::int64_t v) const;
   std::int64_t allreduce_max(std::int64_t v) const;
