@@ -305,6 +305,38 @@ double FileReader::read_double_attr(const std::string& name) const {
   return v;
 }
 
+std::vector<std::string> FileReader::read_strings(const std::string& name) const {
+  Handle dset = open_dataset(file_, path_, name);
+  const Dims d = dataset_dims(dset.get());
+  if (d.size() != 1) throw Error("'" + name + "' in '" + path_ + "' is not a 1-D dataset");
+  Handle ftype = checked(H5Dget_type(dset.get()), H5Tclose, "cannot read dataset type");
+  if (H5Tget_class(ftype.get()) != H5T_STRING)
+    throw Error("'" + name + "' in '" + path_ + "' is not a string dataset");
+  const std::size_t n = d[0];
+  std::vector<std::string> out(n);
+  if (n == 0) return out;
+  if (H5Tis_variable_str(ftype.get()) > 0) {
+    Handle type = utf8_string_type();
+    std::vector<char*> p(n, nullptr);
+    check(H5Dread(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()),
+          "cannot read '" + name + "' from '" + path_ + "'");
+    for (std::size_t i = 0; i < n; ++i) out[i] = p[i] ? p[i] : "";
+    Handle space = checked(H5Dget_space(dset.get()), H5Sclose, "cannot read dataspace");
+    H5Dvlen_reclaim(type.get(), space.get(), H5P_DEFAULT, p.data());
+  } else {
+    const std::size_t width = H5Tget_size(ftype.get());
+    Handle type = checked(H5Tcopy(ftype.get()), H5Tclose, "H5Tcopy failed");
+    std::vector<char> buf(n * width);
+    check(H5Dread(dset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
+          "cannot read '" + name + "' from '" + path_ + "'");
+    for (std::size_t i = 0; i < n; ++i) {
+      const char* s = buf.data() + i * width;
+      out[i].assign(s, strnlen(s, width));
+    }
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 
 FileWriter::FileWriter(const std::string& path) : path_(path), tmp_(tmp_name(path)) {
@@ -327,6 +359,13 @@ void FileWriter::write(const std::string& name, std::span<const double> data, co
 void FileWriter::write(const std::string& name, std::span<const std::int64_t> data,
                        const Dims& dims) {
   write_dataset(file_, path_, name, H5T_NATIVE_INT64, data.data(), dims);
+}
+
+void FileWriter::write_strings(const std::string& name, const std::vector<std::string>& strings) {
+  Handle type = utf8_string_type();
+  std::vector<const char*> p(strings.size());
+  for (std::size_t i = 0; i < strings.size(); ++i) p[i] = strings[i].c_str();
+  write_dataset(file_, path_, name, type.get(), p.data(), {strings.size()});
 }
 
 void FileWriter::attr(const std::string& name, double v) {

@@ -50,6 +50,8 @@ class FileReader {
   std::vector<double> read(const std::string& name, Dims* dims = nullptr) const;
   std::string read_string_attr(const std::string& name) const;
   double read_double_attr(const std::string& name) const;
+  // A 1-D dataset of strings (variable-length or fixed-length), e.g. a vocabulary.
+  std::vector<std::string> read_strings(const std::string& name) const;
 
  private:
   std::string path_;
@@ -67,6 +69,8 @@ class FileWriter {
   void write(const std::string& name, std::span<const double> data, const Dims& dims);
   void write(const std::string& name, std::span<const std::int64_t> data, const Dims& dims);
   void write_scalar(const std::string& name, double v) { write(name, std::span(&v, 1), {}); }
+  // A 1-D dataset of variable-length UTF-8 strings (h5py reads it as bytes objects).
+  void write_strings(const std::string& name, const std::vector<std::string>& strings);
   void attr(const std::string& name, double v);
   void attr(const std::string& name, std::int64_t v);
   void attr(const std::string& name, const std::string& v);

@@ -1,0 +1,494 @@
+#include "inference/lda_driver.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/partition.hpp"
+#include "core/rng.hpp"
+#include "io/csr.hpp"
+#include "io/h5.hpp"
+
+namespace caviar::lda {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<std::int64_t> iota(std::int64_t n) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), std::int64_t{0});
+  return v;
+}
+
+// Runs f on rank 0 only and agrees on its outcome.
+template <class F>
+void on_root(const Comm& comm, F&& f) {
+  std::string err;
+  if (comm.is_root()) {
+    try {
+      f();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  comm.broadcast(err, 0);
+  if (!err.empty()) throw Error(err);
+}
+
+// Held-out perplexity of `model` on a corpus already read (document completion).
+ScoreResult completion_score(const Comm& comm, const Model& model, const Corpus& c,
+                             std::int64_t n_docs, const LocalOptions& local) {
+  std::vector<double> lp(static_cast<std::size_t>(c.n_docs())), nh(lp.size());
+  model.completion(c, lp, nh, local);
+  ScoreResult r;
+  r.log_likelihood = exact_sum(comm, lp);
+  r.heldout_tokens = exact_sum(comm, nh);
+  r.documents = n_docs;
+  if (!(r.heldout_tokens > 0))
+    throw Error("no held-out tokens: every document has fewer than two tokens");
+  r.perplexity = std::exp(-r.log_likelihood / r.heldout_tokens);
+  return r;
+}
+
+struct LoadedModel {
+  Model model;
+  std::vector<std::string> vocab;
+};
+
+LoadedModel load_model(const std::string& file) {
+  io::FileReader r(file);
+  if (!r.has("/components"))
+    throw Error("'" + file + "' is not a caviar lda model (no /components)");
+  io::Dims dims;
+  const auto lam = r.read("/components", &dims);
+  if (dims.size() != 2 || dims[0] < 1 || dims[1] < 1)
+    throw Error("'" + file + "': /components must be a K x V matrix");
+  const int k = static_cast<int>(dims[0]);
+  const auto v = static_cast<std::int64_t>(dims[1]);
+  LoadedModel m{Model(k, v, r.read_double_attr("alpha"), r.read_double_attr("eta")), {}};
+  m.model.set_lambda(Eigen::Map<const RowMatrix>(lam.data(), k, v));
+  if (r.has("/vocab")) m.vocab = r.read_strings("/vocab");
+  if (!m.vocab.empty() && static_cast<std::int64_t>(m.vocab.size()) != v)
+    throw Error("'" + file + "': /vocab has " + std::to_string(m.vocab.size()) +
+                " words but /components has " + std::to_string(v) + " columns");
+  return m;
+}
+
+LoadedModel load_model(const Comm& comm, const std::string& file) {
+  std::optional<LoadedModel> m;
+  comm.agree([&] { m.emplace(load_model(file)); });
+  return std::move(*m);
+}
+
+// The model and the corpus must share the vocabulary: same size, and the same words when both
+// carry them (checked on rank 0).
+void check_vocab(const Comm& comm, const LoadedModel& m, const io::DataRef& ref,
+                 std::int64_t n_words) {
+  if (n_words != m.model.n_words())
+    throw Error(ref.str() + " has a vocabulary of " + std::to_string(n_words) +
+                " words but the model has " + std::to_string(m.model.n_words()));
+  on_root(comm, [&] {
+    const auto vocab = io::read_vocab(ref);
+    if (vocab.empty() || m.vocab.empty()) return;
+    for (std::size_t i = 0; i < vocab.size(); ++i)
+      if (vocab[i] != m.vocab[i])
+        throw Error(ref.str() + " and the model have different vocabularies (word " +
+                    std::to_string(i) + ": '" + vocab[i] + "' vs '" + m.vocab[i] + "')");
+  });
+}
+
+void write_model_file(const std::string& out, const Model& m, const std::vector<std::string>& vocab,
+                      const std::function<void(io::FileWriter&)>& extra) {
+  io::FileWriter w(out);
+  const RowMatrix& lam = m.lambda();
+  const io::Dims kv{static_cast<std::uint64_t>(m.n_topics()),
+                    static_cast<std::uint64_t>(m.n_words())};
+  w.write("components", std::span<const double>(lam.data(), lam.size()), kv);
+  const RowMatrix beta = m.topic_word();
+  w.write("topic_word", std::span<const double>(beta.data(), beta.size()), kv);
+  if (!vocab.empty()) w.write_strings("vocab", vocab);
+  w.attr("model", std::string("lda"));
+  w.attr("alpha", m.alpha());
+  w.attr("eta", m.eta());
+  w.attr("n_topics", static_cast<std::int64_t>(m.n_topics()));
+  w.attr("n_words", m.n_words());
+  if (extra) extra(w);
+  w.commit();
+}
+
+// The SVI visiting order of pass p: documents sorted by a key drawn from (seed, document, pass),
+// so every rank computes the same global minibatches whatever the rank count.
+std::vector<std::int64_t> pass_order(std::int64_t n_docs, std::uint64_t seed, int pass) {
+  const CounterRng rng(seed, Stream::kSviMinibatch);
+  std::vector<std::pair<double, std::int64_t>> keys(static_cast<std::size_t>(n_docs));
+  for (std::int64_t d = 0; d < n_docs; ++d)
+    keys[d] = {rng.uniform2(static_cast<std::uint64_t>(d), static_cast<std::uint32_t>(pass))[0], d};
+  std::sort(keys.begin(), keys.end());
+  std::vector<std::int64_t> order(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].second;
+  return order;
+}
+
+}  // namespace
+
+double exact_sum(const Comm& comm, std::span<const double> v) {
+  double m = 0;
+  for (double x : v) {
+    if (!std::isfinite(x)) m = std::numeric_limits<double>::infinity();
+    m = std::max(m, std::abs(x));
+  }
+  m = comm.allreduce_max(m);
+  if (!std::isfinite(m)) return std::numeric_limits<double>::quiet_NaN();
+  std::int64_t n = static_cast<std::int64_t>(v.size());
+  comm.allreduce_sum(std::span<std::int64_t>(&n, 1));
+  const double scale = fixed_point_scale(m * static_cast<double>(std::max<std::int64_t>(n, 1)));
+  std::int64_t s = 0;
+  for (double x : v) s += std::llround(x * scale);
+  comm.allreduce_sum(std::span<std::int64_t>(&s, 1));
+  return static_cast<double>(s) / scale;
+}
+
+FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.topics < 1) throw Error("--topics must be >= 1 (got " + std::to_string(o.topics) + ")");
+  if (o.algorithm != "cavi" && o.algorithm != "svi")
+    throw Error("--algorithm must be cavi or svi (got '" + o.algorithm + "')");
+  if (o.max_iter < 0) throw Error("--max-iter must be >= 0");
+  if (!(o.tol >= 0) || !std::isfinite(o.tol)) throw Error("--tol must be a finite number >= 0");
+  if (o.passes < 1) throw Error("--passes must be >= 1");
+  if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
+  if (!(o.tau0 >= 0)) throw Error("--tau0 must be >= 0");
+  if (!(o.kappa > 0.5 && o.kappa <= 1)) throw Error("--kappa must be in (0.5, 1]");
+  if (!(o.local.tol > 0)) throw Error("--doc-tol must be > 0");
+  if (o.local.max_iter < 1) throw Error("--doc-max-iter must be >= 1");
+  const io::DataRef ref = io::DataRef::parse(o.data, "/");
+  std::vector<std::string> inputs{ref.file};
+  std::optional<io::DataRef> held;
+  if (!o.heldout.empty()) {
+    held = io::DataRef::parse(o.heldout, "/");
+    inputs.push_back(held->file);
+  }
+  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
+
+  io::CorpusInfo info;
+  const Corpus corpus = io::read_corpus(comm, ref, &info);
+  Corpus held_corpus;
+  std::int64_t held_docs = 0;
+  if (held) {
+    io::CorpusInfo hi;
+    held_corpus = io::read_corpus(comm, *held, &hi);
+    held_docs = hi.n_docs;
+    if (hi.n_words != info.n_words)
+      throw Error("--heldout " + held->str() + " has " + std::to_string(hi.n_words) +
+                  " words but " + ref.str() + " has " + std::to_string(info.n_words));
+  }
+  FitResult res;
+  res.read_seconds = seconds_since(t0);
+  res.documents = info.n_docs;
+  res.words = info.n_words;
+  res.tokens = info.tokens;
+  if (!(info.tokens > 0)) throw Error(ref.str() + " has no tokens (every document is empty)");
+
+  const double alpha = o.alpha.value_or(1.0 / o.topics);
+  const double eta = o.eta.value_or(1.0 / o.topics);
+  Model model(o.topics, info.n_words, alpha, eta);
+  model.init_random(o.seed);
+  // Every expected count lies in [0, total tokens]: one scale serves every step and rank.
+  Stats stats(o.topics, info.n_words, fixed_point_scale(info.tokens));
+  std::vector<double> terms;
+  double eval_seconds = 0;  // held-out evaluation is not part of the fit's time
+  auto report = [&](int it, double elbo) {
+    const double secs = seconds_since(t0) - eval_seconds;
+    double perp = std::numeric_limits<double>::quiet_NaN();
+    if (held) {
+      const auto te = std::chrono::steady_clock::now();
+      perp = completion_score(comm, model, held_corpus, held_docs, o.local).perplexity;
+      eval_seconds += seconds_since(te);
+    }
+    res.trace.push_back(elbo);
+    res.trace_seconds.push_back(secs);
+    if (held) res.trace_perplexity.push_back(perp);
+    if (progress) progress({it, elbo, perp, secs});
+  };
+
+  if (o.algorithm == "cavi") {
+    const auto docs = iota(corpus.n_docs());
+    RowMatrix gamma;
+    terms.resize(docs.size());
+    for (int it = 0;; ++it) {
+      // Local step warm-started from the previous gammas: every sweep is a coordinate ascent
+      // step, so the ELBO can only increase.
+      stats.set_zero();
+      res.sweeps += model.local_step(corpus, docs, gamma, it > 0, &stats, terms, o.local);
+      comm.allreduce_sum(stats.buffer());
+      const double elbo = exact_sum(comm, terms) + model.global_elbo();
+      if (!std::isfinite(elbo))
+        throw Error("the ELBO is not finite at iteration " + std::to_string(it));
+      const double prev =
+          res.trace.empty() ? std::numeric_limits<double>::quiet_NaN() : res.trace.back();
+      report(it, elbo);
+      res.iterations = it;
+      if (it > 0 && std::abs(elbo - prev) / std::abs(elbo) < o.tol) {
+        res.converged = true;
+        break;
+      }
+      if (it >= o.max_iter) break;
+      model.update(stats);  // seed eq. 12
+    }
+  } else {
+    const std::int64_t d_total = info.n_docs;
+    const std::int64_t lo = corpus.doc_begin, hi = corpus.doc_begin + corpus.n_docs();
+    std::int64_t t = 0;
+    RowMatrix gamma;
+    std::vector<std::int64_t> local;
+    std::vector<double> pass_terms;
+    for (int pass = 0; pass < o.passes; ++pass) {
+      const auto order = pass_order(d_total, o.seed, pass);
+      pass_terms.clear();
+      for (std::int64_t b0 = 0; b0 < d_total; b0 += o.batch_size, ++t) {
+        const std::int64_t b1 = std::min(d_total, b0 + o.batch_size);
+        local.clear();
+        for (std::int64_t i = b0; i < b1; ++i)
+          if (order[i] >= lo && order[i] < hi) local.push_back(order[i] - lo);
+        terms.resize(local.size());
+        stats.set_zero();
+        res.sweeps += model.local_step(corpus, local, gamma, false, &stats, terms, o.local);
+        comm.allreduce_sum(stats.buffer());
+        pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
+        // Hoffman et al. (2010) eq. 9: rho_t = (tau0 + t)^-kappa, statistics scaled by D/|B|.
+        const double rho = std::pow(o.tau0 + static_cast<double>(t), -o.kappa);
+        model.update_stochastic(stats, rho, static_cast<double>(d_total) / (b1 - b0));
+      }
+      // The pass's ELBO estimate: document terms as they were visited, plus the global terms.
+      const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
+      report(pass, elbo);
+      res.iterations = pass + 1;
+    }
+    res.converged = true;
+  }
+  std::int64_t sweeps = res.sweeps;
+  comm.allreduce_sum(std::span<std::int64_t>(&sweeps, 1));
+  res.sweeps = sweeps;
+  res.elbo = res.trace.back();
+  res.seconds = seconds_since(t0) - eval_seconds;
+
+  if (!o.out.empty()) {
+    on_root(comm, [&] {
+      const auto vocab = io::read_vocab(ref);
+      write_model_file(o.out, model, vocab, [&](io::FileWriter& w) {
+        w.write("trace/elbo", res.trace, {res.trace.size()});
+        w.write("trace/seconds", res.trace_seconds, {res.trace_seconds.size()});
+        if (!res.trace_perplexity.empty())
+          w.write("trace/perplexity", res.trace_perplexity, {res.trace_perplexity.size()});
+        w.attr("algorithm", o.algorithm);
+        w.attr("elbo", res.elbo);
+        w.attr("n_iter", static_cast<std::int64_t>(res.iterations));
+        w.attr("converged", static_cast<std::int64_t>(res.converged));
+        w.attr("n_documents", info.n_docs);
+        w.attr("ranks", static_cast<std::int64_t>(comm.size()));
+        w.attr("threads", static_cast<std::int64_t>(max_threads()));
+        w.attr("seed", static_cast<std::int64_t>(o.seed));
+        w.attr("batch_size", static_cast<std::int64_t>(o.batch_size));
+        w.attr("tau0", o.tau0);
+        w.attr("kappa", o.kappa);
+        w.attr("data", o.data);
+        w.attr("version", o.version);
+        w.attr("command", o.command);
+      });
+    });
+  }
+  return res;
+}
+
+ScoreResult score(const Comm& comm, const std::string& model_file, const std::string& data,
+                  const LocalOptions& local) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const LoadedModel m = load_model(comm, model_file);
+  const io::DataRef ref = io::DataRef::parse(data, "/");
+  io::CorpusInfo info;
+  const Corpus c = io::read_corpus(comm, ref, &info);
+  check_vocab(comm, m, ref, info.n_words);
+  ScoreResult r = completion_score(comm, m.model, c, info.n_docs, local);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+std::vector<Topic> topics(const std::string& model_file, int top) {
+  if (top < 1) throw Error("--top must be >= 1");
+  const LoadedModel m = load_model(model_file);
+  const RowMatrix beta = m.model.topic_word();
+  std::vector<Topic> out;
+  for (int k = 0; k < beta.rows(); ++k) {
+    std::vector<std::int64_t> idx = iota(beta.cols());
+    const auto n = std::min<std::int64_t>(top, beta.cols());
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](auto a, auto b) {
+      return beta(k, a) > beta(k, b) || (beta(k, a) == beta(k, b) && a < b);
+    });
+    Topic t;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto w = idx[i];
+      t.words.push_back(m.vocab.empty() ? std::to_string(w) : m.vocab[w]);
+      t.weights.push_back(beta(k, w));
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void export_topics(const Comm& comm, const std::string& model_file, const std::string& out) {
+  io::check_output_path(comm, out, {model_file});
+  on_root(comm, [&] {
+    const LoadedModel m = load_model(model_file);
+    write_model_file(out, m.model, m.vocab, nullptr);
+  });
+}
+
+void import_topics(const Comm& comm, const std::string& components, std::optional<double> alpha,
+                   std::optional<double> eta, const std::string& vocab_from, const std::string& out,
+                   const std::string& command) {
+  const io::DataRef ref = io::DataRef::parse(components, "/components");
+  std::vector<std::string> inputs{ref.file};
+  if (!vocab_from.empty()) inputs.push_back(io::DataRef::parse(vocab_from, "/").file);
+  io::check_output_path(comm, out, inputs);
+  on_root(comm, [&] {
+    io::FileReader r(ref.file);
+    io::Dims dims;
+    if (!r.has(ref.path)) throw Error("no dataset '" + ref.path + "' in '" + ref.file + "'");
+    const auto lam = r.read(ref.path, &dims);
+    if (dims.size() != 2 || dims[0] < 1 || dims[1] < 1)
+      throw Error(ref.str() + " must be a K x V matrix of topic-word Dirichlet parameters");
+    auto attr = [&](const char* name, std::optional<double> v) {
+      if (v) return *v;
+      try {
+        return r.read_double_attr(name);
+      } catch (const Error&) {
+        throw Error(std::string("--") + name + " is required: '" + ref.file +
+                    "' has no attribute '" + name + "'");
+      }
+    };
+    Model m(static_cast<int>(dims[0]), static_cast<std::int64_t>(dims[1]), attr("alpha", alpha),
+            attr("eta", eta));
+    m.set_lambda(Eigen::Map<const RowMatrix>(lam.data(), m.n_topics(), m.n_words()));
+    std::vector<std::string> vocab;
+    if (!vocab_from.empty())
+      vocab = io::read_vocab(io::DataRef::parse(vocab_from, "/"));
+    else if (r.has("/vocab"))
+      vocab = r.read_strings("/vocab");
+    if (!vocab.empty() && static_cast<std::int64_t>(vocab.size()) != m.n_words())
+      throw Error("the vocabulary has " + std::to_string(vocab.size()) + " words but " + ref.str() +
+                  " has " + std::to_string(m.n_words()) + " columns");
+    write_model_file(out, m, vocab, [&](io::FileWriter& w) {
+      w.attr("algorithm", std::string("imported"));
+      w.attr("source", ref.str());
+      w.attr("command", command);
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic corpora. Counter-RNG indices carry a tag in their top byte so that the different
+// kinds of draws never share a counter.
+
+namespace {
+constexpr std::uint64_t kTagBeta = 1ull << 56, kTagTheta = 2ull << 56, kTagLength = 3ull << 56,
+                        kTagToken = 4ull << 56;
+constexpr auto kGen = static_cast<std::uint32_t>(Stream::kLdaGenerate);
+
+// Index of the first cumulative weight above u * total (weights given as a cumulative table).
+std::int64_t draw_index(const double* cum, std::int64_t n, double u) {
+  const double target = u * cum[n - 1];
+  const double* it = std::upper_bound(cum, cum + n, target);
+  return std::min<std::int64_t>(it - cum, n - 1);
+}
+}  // namespace
+
+RowMatrix true_topics(const GenerateOptions& o) {
+  RowMatrix beta(o.topics, o.words);
+  for (int k = 0; k < o.topics; ++k) {
+    for (std::int64_t w = 0; w < o.words; ++w)
+      beta(k, w) =
+          sample_gamma(o.seed, kGen, kTagBeta | static_cast<std::uint64_t>(k * o.words + w), o.eta);
+    beta.row(k) /= beta.row(k).sum();
+  }
+  return beta;
+}
+
+void generate(const Comm& comm, const GenerateOptions& o) {
+  if (o.docs < 1 || o.words < 1 || o.topics < 1)
+    throw Error("--docs, --words and --topics must be >= 1");
+  if (!(o.doc_length >= 1)) throw Error("--doc-length must be >= 1");
+  if (!(o.alpha > 0) || !(o.eta > 0)) throw Error("--alpha and --eta must be > 0");
+  io::check_output_path(comm, o.out, {});
+  if (!o.truth.empty()) io::check_output_path(comm, o.truth, {});
+  if (!o.heldout.empty()) io::check_output_path(comm, o.heldout, {});
+  if (!o.heldout.empty() && o.heldout_docs < 1) throw Error("--heldout-docs must be >= 1");
+  const RowMatrix beta = true_topics(o);
+  RowMatrix cum = beta;  // cumulative rows, for inverse-CDF draws
+  for (int k = 0; k < o.topics; ++k)
+    for (std::int64_t w = 1; w < o.words; ++w) cum(k, w) += cum(k, w - 1);
+  const CounterRng rng(o.seed, Stream::kLdaGenerate);
+  std::vector<std::string> vocab;
+  for (std::int64_t w = 0; w < o.words; ++w) vocab.push_back("w" + std::to_string(w));
+  // Documents [first, first + count): the training corpus is [0, docs), the held-out one follows.
+  auto make = [&](std::int64_t first, std::int64_t count, const std::string& out) {
+    const RowRange part = partition_rows(count, comm.size(), comm.rank());
+    Corpus local;
+    local.doc_begin = first + part.begin;
+    local.n_words = o.words;
+    std::vector<double> theta(static_cast<std::size_t>(o.topics));
+    std::vector<std::int32_t> tokens, words;
+    std::vector<double> counts;
+    for (std::int64_t d = first + part.begin; d < first + part.end; ++d) {
+      const auto ud = static_cast<std::uint64_t>(d);
+      double sum = 0;
+      for (int k = 0; k < o.topics; ++k) {
+        theta[k] = sample_gamma(o.seed, kGen, kTagTheta | (ud * o.topics + k), o.alpha);
+        sum += theta[k];
+      }
+      for (int k = 0; k < o.topics; ++k) theta[k] = (k ? theta[k - 1] : 0) + theta[k] / sum;
+      const auto len = static_cast<std::int64_t>(
+          0.5 * o.doc_length + rng.uniform2(kTagLength | ud, 0)[0] * o.doc_length);
+      tokens.clear();
+      for (std::int64_t i = 0; i < len; ++i) {
+        const auto u = rng.uniform2(kTagToken | ud, static_cast<std::uint32_t>(i));
+        const auto z = draw_index(theta.data(), o.topics, u[0]);
+        tokens.push_back(static_cast<std::int32_t>(draw_index(&cum(z, 0), o.words, u[1])));
+      }
+      std::sort(tokens.begin(), tokens.end());
+      words.clear();
+      counts.clear();
+      for (auto w : tokens) {
+        if (!words.empty() && words.back() == w) {
+          counts.back() += 1;
+        } else {
+          words.push_back(w);
+          counts.push_back(1);
+        }
+      }
+      local.add_doc(words, counts);
+    }
+    io::write_corpus(comm, out, local, o.words, vocab);
+  };
+  make(0, o.docs, o.out);
+  if (!o.heldout.empty()) make(o.docs, o.heldout_docs, o.heldout);
+  if (!o.truth.empty()) {
+    on_root(comm, [&] {
+      io::FileWriter w(o.truth);
+      w.write("topic_word", std::span<const double>(beta.data(), beta.size()),
+              {static_cast<std::uint64_t>(o.topics), static_cast<std::uint64_t>(o.words)});
+      w.attr("alpha", o.alpha);
+      w.attr("eta", o.eta);
+      w.attr("seed", static_cast<std::int64_t>(o.seed));
+      w.commit();
+    });
+  }
+}
+
+}  // namespace caviar::lda

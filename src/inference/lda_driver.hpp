@@ -1,0 +1,102 @@
+#pragma once
+// Drivers for LDA: they own the communicator and the files and run the model's local step /
+// allreduce / update loop (CAVI or SVI). Documents are the shards; the K x V expected counts are
+// reduced as int64 fixed point, so every result is identical for any number of ranks.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "models/lda/lda.hpp"
+
+namespace caviar::lda {
+
+struct FitOptions {
+  std::string data;  // FILE.h5[:/group] holding indptr, indices, data, vocab
+  int topics = 0;
+  std::string algorithm = "svi";     // cavi | svi
+  std::optional<double> alpha, eta;  // default 1/K each (as scikit-learn and gensim)
+  int max_iter = 100;                // CAVI iterations
+  double tol = 1e-5;                 // CAVI: stop when the relative ELBO change is below this
+  int passes = 10;                   // SVI passes over the corpus
+  int batch_size = 256;              // SVI documents per (global) minibatch
+  double tau0 = 10.0, kappa = 0.7;   // SVI step size rho_t = (tau0 + t)^-kappa
+  LocalOptions local;
+  std::uint64_t seed = 0;
+  std::string heldout;  // optional FILE.h5[:/group]: perplexity after every iteration / pass
+  bool stream = false;  // SVI: read each minibatch's documents from the file, keep none
+  std::string out;      // model file ("" = none)
+  std::string command, version;
+};
+
+struct Report {
+  int iteration;      // CAVI iteration or SVI pass
+  double elbo;        // CAVI: the ELBO; SVI: the pass's running estimate
+  double perplexity;  // NaN without --heldout
+  double seconds;     // since the start of the fit, excluding held-out evaluation
+};
+
+struct FitResult {
+  double elbo = 0;  // CAVI: final ELBO; SVI: last pass's estimate
+  int iterations = 0;
+  bool converged = false;
+  double seconds = 0;
+  double read_seconds = 0;
+  std::int64_t documents = 0, words = 0;
+  double tokens = 0;
+  std::vector<double> trace, trace_seconds, trace_perplexity;
+  std::int64_t sweeps = 0;  // document fixed-point sweeps (all ranks)
+};
+
+using Progress = std::function<void(const Report&)>;
+FitResult fit(const Comm& comm, const FitOptions& opt, const Progress& progress);
+
+struct ScoreResult {
+  double perplexity = 0;      // exp(-log_likelihood / heldout_tokens)
+  double log_likelihood = 0;  // of the held-out halves
+  double heldout_tokens = 0;
+  std::int64_t documents = 0;
+  double seconds = 0;
+};
+ScoreResult score(const Comm& comm, const std::string& model_file, const std::string& data,
+                  const LocalOptions& local);
+
+struct Topic {
+  std::vector<std::string> words;
+  std::vector<double> weights;  // E[beta_kw]
+};
+// Serial: the `top` most probable words of every topic.
+std::vector<Topic> topics(const std::string& model_file, int top);
+
+// Rank 0: writes /components (lambda, K x V), /topic_word (E[beta]), /vocab and the alpha, eta
+// attributes to `out`: the exchange format for other LDA implementations.
+void export_topics(const Comm& comm, const std::string& model_file, const std::string& out);
+// Rank 0: a model file from an exchange file (`components` = K x V Dirichlet parameters lambda;
+// scikit-learn's components_ or gensim's state.get_lambda()). alpha/eta default to the file's
+// attributes. vocab_from, if given, copies the vocabulary of a corpus.
+void import_topics(const Comm& comm, const std::string& components, std::optional<double> alpha,
+                   std::optional<double> eta, const std::string& vocab_from, const std::string& out,
+                   const std::string& command);
+
+struct GenerateOptions {
+  std::int64_t docs = 0, words = 0;
+  int topics = 0;
+  double doc_length = 100;  // tokens per document: uniform on [L/2, 3L/2]
+  double alpha = 0.1, eta = 0.05;
+  std::uint64_t seed = 0;
+  std::string out, truth;
+  std::string heldout;  // optional: documents [docs, docs + heldout_docs) of the same model
+  std::int64_t heldout_docs = 0;
+};
+// The true topic-word matrix beta (K x V) of a synthetic corpus: a pure function of the options.
+RowMatrix true_topics(const GenerateOptions& o);
+// Collective: a corpus from the LDA generative model; document d depends only on (seed, d).
+void generate(const Comm& comm, const GenerateOptions& o);
+
+// Exact order-independent global sum of doubles (int64 fixed point scaled by the global max).
+double exact_sum(const Comm& comm, std::span<const double> v);
+
+}  // namespace caviar::lda

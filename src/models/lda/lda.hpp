@@ -1,0 +1,137 @@
+#pragma once
+// Latent Dirichlet allocation by mean-field variational Bayes (Blei, Ng & Jordan 2003; seed blog
+// eqs 10-12) and its stochastic version (Hoffman, Blei & Bach 2010).
+//
+//   beta_k ~ Dir(eta) (k = 1..K, over V words),  theta_d ~ Dir(alpha),
+//   z_di ~ Cat(theta_d),  w_di | z_di = k ~ Cat(beta_k).
+//   q(beta_k) = Dir(lambda_k),  q(theta_d) = Dir(gamma_d),  q(z_di) = Cat(phi_dw).
+//
+// The model knows nothing of MPI or files. A step is:
+//   local_step(docs)  -> Stats (expected topic-word counts, fixed point) + per-document ELBO terms
+//   [driver: Stats summed over ranks in one allreduce of int64, exact and order independent]
+//   update(stats)     -> lambda (CAVI: eq. 12; SVI: the rho_t-weighted average with D/|B| scaling)
+//
+// The expected counts are accumulated in int64 fixed point: integer sums are exact, so the result
+// does not depend on how documents are split over ranks or threads.
+#include <Eigen/Core>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/lda/corpus.hpp"
+
+namespace caviar::lda {
+
+using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The document-level fixed point (gamma/phi) stops when the mean absolute change of gamma falls
+// below tol, or after max_iter sweeps.
+struct LocalOptions {
+  double tol = 1e-3;
+  int max_iter = 100;
+};
+
+// The largest power of two s with bound * s < 2^61: values in [0, bound] summed as round(x * s)
+// leave headroom for the rounding of many terms below 2^63.
+double fixed_point_scale(double bound);
+
+// K x V expected topic-word counts sum_d sum_w n_dw phi_dwk (seed eq. 12 without eta), in int64
+// fixed point with a scale shared by every rank.
+class Stats {
+ public:
+  Stats(int n_topics, std::int64_t n_words, double scale);
+  std::span<std::int64_t> buffer() { return buf_; }
+  std::span<const std::int64_t> buffer() const { return buf_; }
+  void set_zero();
+  double scale() const { return scale_; }
+  int n_topics() const { return k_; }
+  std::int64_t n_words() const { return v_; }
+  double value(int k, std::int64_t w) const {
+    return static_cast<double>(buf_[static_cast<std::size_t>(k * v_ + w)]) / scale_;
+  }
+  Stats& operator+=(const Stats& o);
+
+ private:
+  friend class Model;
+  int k_;
+  std::int64_t v_;
+  double scale_;
+  std::vector<std::int64_t> buf_;
+};
+
+class Model {
+ public:
+  Model(int n_topics, std::int64_t n_words, double alpha, double eta);
+
+  int n_topics() const { return k_; }
+  std::int64_t n_words() const { return v_; }
+  double alpha() const { return alpha_; }
+  double eta() const { return eta_; }
+  const RowMatrix& lambda() const { return lambda_; }  // K x V
+
+  // lambda_kw ~ Gamma(100, 1/100), keyed by (seed, k V + w): the initialisation of Hoffman et al.
+  // Also sets the seed of the documents' starting gammas.
+  void init_random(std::uint64_t seed);
+  // Starting gammas are gamma_dk ~ Gamma(100, 1/100) keyed by (seed, global document d, k), as in
+  // Hoffman et al.: a symmetric start would send every document to the same topic.
+  void set_doc_seed(std::uint64_t seed) { doc_seed_ = seed; }
+  // Throws caviar::Error unless lambda is K x V with positive finite entries.
+  void set_lambda(RowMatrix lambda);
+
+  // Local step over the documents `docs` (local indices into c); gamma has one row per entry of
+  // docs. Each document's fixed point starts from random gammas (set_doc_seed). If warm, gamma
+  // holds the previous fixed point: it is kept (and refined) whenever the fresh start ends with a
+  // lower ELBO term, so CAVI with warm = true can never decrease the ELBO. The expected counts
+  // under the final phi are added into stats (if given) and each document's ELBO term goes into
+  // doc_terms. Returns the total number of fixed-point sweeps. Threads over documents (OpenMP).
+  std::int64_t local_step(const Corpus& c, std::span<const std::int64_t> docs, RowMatrix& gamma,
+                          bool warm, Stats* stats, std::span<double> doc_terms,
+                          const LocalOptions& opt) const;
+
+  // CAVI (seed eq. 12): lambda = eta + S.
+  void update(const Stats& s);
+  // SVI (Hoffman et al. 2010, eq. 9): lambda = (1 - rho) lambda + rho (eta + scale S), with
+  // scale = D / |batch|.
+  void update_stochastic(const Stats& s, double rho, double scale);
+
+  // The global part of the ELBO: sum_k E[ln p(beta_k | eta)] - E[ln q(beta_k | lambda_k)].
+  double global_elbo() const;
+
+  // Held-out document completion (the same estimator for every model, whatever its seed: the
+  // starting gammas use seed 0): each document's tokens are split into two fixed halves (in
+  // storage order, even-numbered tokens observed, odd-numbered held out); gamma is fitted on the
+  // observed half and ln p(held-out tokens) = sum n_w ln sum_k E[theta_k] E[beta_kw] is summed.
+  // Writes per-document log probabilities and held-out token counts.
+  void completion(const Corpus& c, std::span<double> log_prob, std::span<double> n_heldout,
+                  const LocalOptions& opt) const;
+
+  // E[beta_kw] = lambda_kw / sum_w lambda_kw.
+  RowMatrix topic_word() const;
+
+ private:
+  std::int64_t local_step_seeded(const Corpus& c, std::span<const std::int64_t> docs,
+                                 RowMatrix& gamma, bool warm, Stats* stats,
+                                 std::span<double> doc_terms, const LocalOptions& opt,
+                                 std::uint64_t seed) const;
+  void refresh();  // exp(E[ln beta]) from lambda_, stored word-major (V x K)
+
+  int k_;
+  std::int64_t v_;
+  double alpha_, eta_;
+  std::uint64_t doc_seed_ = 0;
+  RowMatrix lambda_;           // K x V
+  RowMatrix exp_elog_beta_t_;  // V x K: exp(psi(lambda_kw) - psi(sum_w lambda_kw))
+};
+
+// Split of a count into the observed half of document completion: the number of even positions
+// among token positions [start, start + count).
+inline double observed_part(std::int64_t start, std::int64_t count) {
+  return static_cast<double>((count + (start % 2 == 0 ? 1 : 0)) / 2);
+}
+
+// Gamma(shape, 1) draw from the counter RNG of `stream` at `index` (Marsaglia & Tsang 2000; a
+// shape below one is boosted by U^(1/shape)). Retries use successive steps, so the draw is a pure
+// function of (seed, stream, index).
+double sample_gamma(std::uint64_t seed, std::uint32_t stream, std::uint64_t index, double shape);
+
+}  // namespace caviar::lda
