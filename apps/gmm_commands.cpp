@@ -10,27 +10,43 @@
 namespace caviar::app {
 
 void add_gmm_commands(CLI::App& cli, Context& ctx) {
-  auto* gmm = cli.add_subcommand("gmm", "Bayesian Gaussian mixture (variational, CAVI)");
+  auto* gmm = cli.add_subcommand("gmm", "Gaussian mixture: variational Bayes (CAVI, SVI) or EM");
   gmm->require_subcommand(1);
 
   // fit
   auto o = std::make_shared<gmm::FitOptions>();
   auto cov = std::make_shared<std::string>("full");
   auto algorithm = std::make_shared<std::string>("cavi");
-  auto* fit = gmm->add_subcommand("fit", "Fit a mixture by coordinate-ascent VI");
+  auto weights = std::make_shared<std::string>("dirichlet");
+  auto schedule = std::make_shared<std::string>("robbins-monro");
+  auto* fit = gmm->add_subcommand("fit", "Fit a mixture by CAVI, SVI or EM");
   fit->add_option("--data", o->data, "Input FILE.h5[:/path] (default path /X), N x D")->required();
   fit->add_option("-k,--components", o->components, "Number of components K")->required();
-  fit->add_option("--algorithm", *algorithm, "Inference algorithm")->check(CLI::IsMember({"cavi"}));
+  fit->add_option("--algorithm", *algorithm,
+                  "cavi (coordinate ascent) | svi (stochastic, natural gradients) | em (maximum "
+                  "likelihood)")
+      ->check(CLI::IsMember({"cavi", "svi", "em"}))
+      ->capture_default_str();
+  fit->add_option("--weights", *weights,
+                  "Weight prior: dirichlet | stick-breaking (truncated Dirichlet process)")
+      ->check(CLI::IsMember({"dirichlet", "stick-breaking"}))
+      ->capture_default_str();
   fit->add_option("--covariance", *cov, "full | diag")->check(CLI::IsMember({"full", "diag"}));
-  fit->add_option("--max-iter", o->max_iter, "Maximum CAVI iterations")->capture_default_str();
-  fit->add_option("--tol", o->tol, "Stop when the relative ELBO change is below this (0: never)")
+  fit->add_option("--max-iter", o->max_iter, "Maximum iterations (CAVI, EM) or epochs (SVI)")
+      ->capture_default_str();
+  fit->add_option("--tol", o->tol,
+                  "Stop when the relative change of the ELBO (SVI: epoch-average stochastic "
+                  "ELBO; EM: log-likelihood) is below this (0: never)")
       ->capture_default_str();
   fit->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  fit->add_option("--init", o->init, "kmeans++ | random | FILE.h5:/resp (N x K)")
-      ->capture_default_str();
+  fit->add_option("--init", o->init,
+                  "kmeans++ | random | FILE.h5:/resp (N x K) [default: kmeans++; random with "
+                  "--stream]");
   fit->add_option("--kmeans-iter", o->kmeans_iter, "Lloyd steps after k-means++ seeding")
       ->capture_default_str();
-  fit->add_option("--alpha0", o->alpha0, "Dirichlet concentration (default 1/K)");
+  fit->add_option("--alpha0,--concentration", o->alpha0,
+                  "Weight concentration: Dirichlet alpha0, or the stick-breaking Beta(1, alpha0) "
+                  "concentration (default 1/K)");
   fit->add_option("--beta0", o->beta0, "Mean precision scaling (default 1)");
   fit->add_option("--nu0", o->nu0, "Wishart degrees of freedom (default D)");
   fit->add_option("--prior-mean", o->prior_mean, "zero | data (m0 = data mean)")
@@ -39,29 +55,71 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--prior-scale", o->prior_scale, "identity | data (W0^-1 = data covariance)")
       ->check(CLI::IsMember({"identity", "data"}))
       ->capture_default_str();
+  fit->add_option("--reg-covar", o->reg_covar, "EM: added to every covariance diagonal")
+      ->capture_default_str();
+  fit->add_option("--batch-size", o->batch_size, "SVI minibatch size B")->capture_default_str();
+  fit->add_option("--schedule", *schedule,
+                  "SVI step size: robbins-monro (rho_t = (t + omega)^-delta) | adaptive "
+                  "(Ranganath et al. 2013)")
+      ->check(CLI::IsMember({"robbins-monro", "rm", "adaptive"}))
+      ->capture_default_str();
+  fit->add_option("--omega", o->omega, "Robbins-Monro delay omega >= 0")->capture_default_str();
+  fit->add_option("--delta", o->delta, "Robbins-Monro forgetting rate delta in [0, 1]")
+      ->capture_default_str();
+  fit->add_option("--tau0", o->tau0, "Adaptive schedule: initial memory tau0")
+      ->capture_default_str();
+  fit->add_flag("--stream", o->stream,
+                "Read rows from the file per minibatch / chunk; never hold the whole dataset");
+  fit->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk of a streamed full pass");
+  fit->add_option("--full-elbo-every", o->full_elbo_every,
+                  "SVI: also compute the full ELBO every S steps (not timed)");
+  fit->add_option("--heldout", o->heldout,
+                  "Held-out FILE.h5[:/path]: report its average log predictive density");
   fit->add_option("--out", o->out, "Model file to write (HDF5)");
   fit->add_option("--labels", o->labels, "Per-row labels file to write (HDF5, /labels)");
   fit->add_flag("--save-responsibilities", o->save_responsibilities,
                 "Also write /responsibilities (N x K) to the labels file");
-  fit->callback([&ctx, o, cov] {
-    ctx.action = [&ctx, o, cov] {
+  fit->callback([&ctx, o, cov, algorithm, weights, schedule] {
+    ctx.action = [&ctx, o, cov, algorithm, weights, schedule] {
       o->covariance = gmm::parse_covariance(*cov);
+      o->algorithm = gmm::parse_algorithm(*algorithm);
+      o->weights = gmm::parse_weight_prior(*weights);
+      o->schedule = gmm::parse_schedule(*schedule);
       o->command = ctx.command_line;
       o->version = CAVIAR_VERSION;
       print_progress(ctx, "caviar gmm fit: " + o->data + ", K=" + std::to_string(o->components) +
-                              ", " + *cov + " covariance, " + std::to_string(ctx.comm->size()) +
-                              " ranks x " + std::to_string(max_threads()) + " threads");
-      const auto r = gmm::fit(*ctx.comm, *o, [&ctx](const gmm::IterationReport& it) {
-        char line[160];
-        std::snprintf(line, sizeof line, "iter %4d  elbo % .10e  rel %9.3e  %8.3fs", it.iteration,
-                      it.elbo, it.rel_change, it.seconds);
+                              ", " + *algorithm + ", " + *cov + " covariance, " + *weights +
+                              " weights, " + std::to_string(ctx.comm->size()) + " ranks x " +
+                              std::to_string(max_threads()) + " threads");
+      const auto alg = o->algorithm;
+      const auto r = gmm::fit(*ctx.comm, *o, [&ctx, alg](const gmm::IterationReport& it) {
+        char line[200];
+        if (alg == gmm::Algorithm::kSvi)
+          std::snprintf(line, sizeof line,
+                        "epoch %4d  avg stochastic elbo % .10e  rel %9.3e  steps %lld  rho %.3e  "
+                        "%8.3fs",
+                        it.iteration, it.elbo, it.rel_change, static_cast<long long>(it.steps),
+                        it.rho, it.seconds);
+        else
+          std::snprintf(line, sizeof line, "iter %4d  %s % .10e  rel %9.3e  %8.3fs", it.iteration,
+                        alg == gmm::Algorithm::kEm ? "loglik" : "elbo", it.elbo, it.rel_change,
+                        it.seconds);
         print_progress(ctx, line);
       });
       if (!o->out.empty()) print_progress(ctx, "wrote model " + o->out);
       if (!o->labels.empty()) print_progress(ctx, "wrote labels " + o->labels);
       nlohmann::ordered_json j;
-      j["elbo"] = r.elbo;
+      if (alg == gmm::Algorithm::kEm) {
+        j["log_likelihood"] = r.elbo;
+        j["lower_bound"] = r.elbo / static_cast<double>(r.n);  // sklearn's lower_bound_
+      } else {
+        j["elbo"] = r.elbo;
+      }
+      j["algorithm"] = *algorithm;
       j["iterations"] = r.iterations;
+      if (alg == gmm::Algorithm::kSvi) j["steps"] = r.steps;
+      j["stop_reason"] = r.stop_reason;
+      if (r.heldout) j["heldout"] = *r.heldout;
       j["converged"] = r.converged;
       j["seconds"] = r.seconds;
       j["n"] = r.n;

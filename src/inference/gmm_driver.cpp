@@ -7,13 +7,36 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "inference/init.hpp"
+#include "inference/minibatch.hpp"
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
+#include "io/h5_stream.hpp"
 
 namespace caviar::gmm {
 
 using Eigen::MatrixXd;
 using Eigen::VectorXd;
+
+Algorithm parse_algorithm(const std::string& s) {
+  if (s == "cavi") return Algorithm::kCavi;
+  if (s == "svi") return Algorithm::kSvi;
+  if (s == "em") return Algorithm::kEm;
+  throw Error("unknown algorithm '" + s + "' (expected cavi, svi or em)");
+}
+
+std::string to_string(Algorithm a) {
+  return a == Algorithm::kCavi ? "cavi" : a == Algorithm::kSvi ? "svi" : "em";
+}
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "robbins-monro" || s == "rm") return Schedule::kRobbinsMonro;
+  if (s == "adaptive") return Schedule::kAdaptive;
+  throw Error("unknown schedule '" + s + "' (expected robbins-monro (rm) or adaptive)");
+}
+
+std::string to_string(Schedule s) {
+  return s == Schedule::kRobbinsMonro ? "robbins-monro" : "adaptive";
+}
 
 namespace {
 
@@ -26,23 +49,98 @@ struct Moments {
   MatrixXd cov;  // unbiased (N - 1), as numpy.cov and scikit-learn's covariance_prior default
 };
 
+// Where a fit's rows come from: this rank's rows held in memory (a Shard), or read from the
+// file on demand (--stream) through one open RowStream, so that only a chunk or a minibatch is
+// ever in memory.
+class Source {
+ public:
+  Source(const Comm& comm, const io::DataRef& ref, bool stream, std::int64_t chunk_rows)
+      : comm_(comm), ref_(ref) {
+    if (!stream) {
+      shard_ = load_shard(comm, ref);
+      shape_ = shard_.shape;
+      range_ = shard_.range;
+      return;
+    }
+    shape_ = io::inspect_matrix(comm, ref);
+    if (shape_.rows < comm.size())
+      throw Error(ref.str() + " has " + std::to_string(shape_.rows) + " rows, fewer than the " +
+                  std::to_string(comm.size()) + " MPI ranks");
+    range_ = partition_rows(shape_.rows, comm.size(), comm.rank());
+    stream_ = std::make_unique<io::RowStream>(comm, ref, shape_);
+    // Whole 256-row blocks of about 8 MB, so chunk boundaries never split a block.
+    if (chunk_rows <= 0) chunk_rows = (8 << 20) / (8 * std::max<std::int64_t>(1, shape_.cols));
+    chunk_rows_ = std::max<std::int64_t>(1, chunk_rows / kBlockRows) * kBlockRows;
+  }
+
+  bool streaming() const { return stream_ != nullptr; }
+  const io::MatrixShape& shape() const { return shape_; }
+  RowRange range() const { return range_; }
+  const io::DataRef& ref() const { return ref_; }
+  const RowMatrix& rows() const { return shard_.x; }  // in memory only
+  const Shard& shard() const { return shard_; }
+
+  // Calls f(x, first_global_row) over this rank's rows, chunk by chunk. f runs the same number of
+  // times on every rank (with 0 rows where a rank has run out), so it may make collective calls.
+  template <class F>
+  void for_each_chunk(F&& f) const {
+    if (!stream_) {
+      f(shard_.x, range_.begin);
+      return;
+    }
+    const std::int64_t mine = (range_.size() + chunk_rows_ - 1) / chunk_rows_;
+    const std::int64_t chunks = comm_.allreduce_max(mine);
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t b = std::min(range_.end, range_.begin + c * chunk_rows_);
+      const RowRange r{b, std::min(range_.end, b + chunk_rows_)};
+      f(stream_->read_range(r), r.begin);
+    }
+  }
+
+  // Collective: this rank's rows among the sorted global `rows` it owns.
+  RowMatrix gather(const std::vector<std::int64_t>& rows) const {
+    if (stream_) return stream_->read_rows(rows);
+    RowMatrix x(static_cast<Eigen::Index>(rows.size()), shape_.cols);
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      x.row(static_cast<Eigen::Index>(i)) = shard_.x.row(rows[i] - range_.begin);
+    return x;
+  }
+
+ private:
+  const Comm& comm_;
+  io::DataRef ref_;
+  Shard shard_;
+  io::MatrixShape shape_;
+  RowRange range_;
+  std::unique_ptr<io::RowStream> stream_;
+  std::int64_t chunk_rows_ = 0;
+};
+
 // Global mean and covariance in two passes (mean first, then the centred scatter), one allreduce
-// each.
-Moments data_moments(const Comm& comm, const Shard& s) {
-  const Eigen::Index d = s.x.cols();
+// each. A streamed source is also checked for NaN/Inf here, on its first pass.
+Moments data_moments(const Comm& comm, const Source& src) {
+  const Eigen::Index d = src.shape().cols;
   Moments m;
-  m.mean = s.x.colwise().sum().transpose();
+  m.mean = VectorXd::Zero(d);
+  src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+    if (src.streaming()) comm.raise_if_any(find_non_finite(x, first, src.ref()));
+    m.mean += x.colwise().sum().transpose();
+  });
   comm.allreduce_sum(std::span<double>(m.mean.data(), d));
-  m.mean /= static_cast<double>(s.shape.rows);
-  const RowMatrix xc = s.x.rowwise() - m.mean.transpose();
-  m.cov = xc.transpose() * xc;
+  m.mean /= static_cast<double>(src.shape().rows);
+  m.cov = MatrixXd::Zero(d, d);
+  src.for_each_chunk([&](const RowMatrix& x, std::int64_t) {
+    const RowMatrix xc = x.rowwise() - m.mean.transpose();
+    m.cov.noalias() += xc.transpose() * xc;
+  });
   comm.allreduce_sum(std::span<double>(m.cov.data(), d * d));
-  m.cov /= std::max<double>(1.0, static_cast<double>(s.shape.rows - 1));
+  m.cov /= std::max<double>(1.0, static_cast<double>(src.shape().rows - 1));
   return m;
 }
 
 Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   Prior p = default_prior(o.covariance, d, o.components);
+  p.weights = o.weights;
   if (o.alpha0) p.alpha0 = *o.alpha0;
   if (o.beta0) p.beta0 = *o.beta0;
   if (o.nu0) p.nu0 = *o.nu0;
@@ -72,30 +170,60 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   return p;
 }
 
-RowMatrix initial_responsibilities(const Comm& comm, const FitOptions& o, const Shard& s) {
+// The statistics of the initial responsibilities, summed over ranks: k-means++ (rows in
+// memory), random (keyed by global row), or read from FILE.h5:/resp chunk by chunk.
+Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& init,
+                    const Source& src, const Model& model) {
   const int k = o.components;
-  if (o.init == "random") return random_responsibilities(s.range.begin, s.x.rows(), k, o.seed);
-  if (o.init == "kmeans++")
-    return kmeans_responsibilities(comm, s.x, s.range, s.shape.rows, k, o.seed, o.kmeans_iter);
-  // Anything else names a dataset of initial responsibilities, N x K.
-  const io::DataRef ref = io::DataRef::parse(o.init, "/resp");
-  const io::MatrixShape shape = io::inspect_matrix(comm, ref);
-  if (shape.rows != s.shape.rows || shape.cols != k)
-    throw Error("--init " + ref.str() + " is " + std::to_string(shape.rows) + " x " +
-                std::to_string(shape.cols) + "; expected " + std::to_string(s.shape.rows) + " x " +
-                std::to_string(k) + " (rows x components)");
-  RowMatrix r = io::read_rows(comm, ref, shape, s.range);
-  std::string err;
-  for (Eigen::Index i = 0; i < r.rows() && err.empty(); ++i) {
-    const double sum = r.row(i).sum();
-    if (!r.row(i).allFinite() || (r.row(i).array() < 0).any() || !(sum > 0))
-      err = "--init " + ref.str() + ": row " + std::to_string(s.range.begin + i) +
-            " is not a set of non-negative weights with a positive sum";
-    else
-      r.row(i) /= sum;
+  Stats stats = model.make_stats();
+  if (init == "kmeans++") {
+    if (src.streaming())
+      throw Error(
+          "--init kmeans++ needs the data in memory; with --stream use --init random or "
+          "--init FILE.h5:/resp");
+    const RowMatrix r = kmeans_responsibilities(comm, src.rows(), src.range(), src.shape().rows, k,
+                                                o.seed, o.kmeans_iter);
+    model.accumulate(src.rows(), r, stats);
+  } else if (init == "random") {
+    src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+      model.accumulate(x, random_responsibilities(first, x.rows(), k, o.seed), stats);
+    });
+  } else {
+    // Anything else names a dataset of initial responsibilities, N x K.
+    const io::DataRef ref = io::DataRef::parse(init, "/resp");
+    const io::MatrixShape shape = io::inspect_matrix(comm, ref);
+    if (shape.rows != src.shape().rows || shape.cols != k)
+      throw Error("--init " + ref.str() + " is " + std::to_string(shape.rows) + " x " +
+                  std::to_string(shape.cols) + "; expected " + std::to_string(src.shape().rows) +
+                  " x " + std::to_string(k) + " (rows x components)");
+    const io::RowStream resp(comm, ref, shape);
+    src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+      RowMatrix r = resp.read_range({first, first + x.rows()});
+      std::string err;
+      for (Eigen::Index i = 0; i < r.rows() && err.empty(); ++i) {
+        const double sum = r.row(i).sum();
+        if (!r.row(i).allFinite() || (r.row(i).array() < 0).any() || !(sum > 0))
+          err = "--init " + ref.str() + ": row " + std::to_string(first + i) +
+                " is not a set of non-negative weights with a positive sum";
+        else
+          r.row(i) /= sum;
+      }
+      comm.raise_if_any(err);
+      model.accumulate(x, r, stats);
+    });
   }
-  comm.raise_if_any(err);
-  return r;
+  comm.allreduce_sum(stats.buffer());
+  return stats;
+}
+
+// One full pass: the E-step over every row, statistics summed over ranks (and, in memory, the
+// responsibilities of this rank's rows if resp_out is given).
+void full_pass(const Comm& comm, const Source& src, const Model& model, Stats& stats,
+               RowMatrix* resp_out) {
+  stats.set_zero();
+  src.for_each_chunk(
+      [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
+  comm.allreduce_sum(stats.buffer());
 }
 
 void write_matrices(io::FileWriter& w, const std::string& name, const std::vector<MatrixXd>& ms,
@@ -124,46 +252,98 @@ void write_rowmatrix(io::FileWriter& w, const std::string& name, const RowMatrix
           {static_cast<std::uint64_t>(m.rows()), static_cast<std::uint64_t>(m.cols())});
 }
 
-void write_model(const Model& model, const FitOptions& o, const FitResult& r, const Comm& comm) {
+void write_vector(io::FileWriter& w, const std::string& name, const std::vector<double>& v) {
+  w.write(name, v, {v.size()});
+}
+
+void write_model(const Model& model, const FitOptions& o, const std::string& init,
+                 const FitResult& r, const Comm& comm) {
   io::FileWriter w(o.out);
   const Covariance cov = model.covariance();
-  const Posterior& p = model.posterior();
-  // The scikit-learn-like summary.
-  write_vector(w, "weights", model.weights());
-  write_rowmatrix(w, "means", p.m);
-  write_matrices(w, "covariances", model.covariances(), cov);
-  // The variational posterior, enough to recompute the ELBO and the predictive density.
-  write_vector(w, "posterior/alpha", p.alpha);
-  write_vector(w, "posterior/beta", p.beta);
-  write_rowmatrix(w, "posterior/m", p.m);
-  write_matrices(w, "posterior/W", model.scale_matrices(), cov);
-  write_matrices(w, "posterior/W_inv", p.W_inv, cov);  // exact natural parameter, for reloading
-  write_vector(w, "posterior/nu", p.nu);
-  const Prior& pr = model.prior();
-  w.write_scalar("prior/alpha0", pr.alpha0);
-  w.write_scalar("prior/beta0", pr.beta0);
-  w.write_scalar("prior/nu0", pr.nu0);
-  write_vector(w, "prior/m0", pr.m0);
   const std::uint64_t d = static_cast<std::uint64_t>(model.dim());
   const auto dims = cov == Covariance::kFull ? io::Dims{d, d} : io::Dims{d};
-  w.write("prior/W0_inv", std::span<const double>(pr.W0_inv.data(), pr.W0_inv.size()), dims);
-  // W0 for readers who want the scale itself (output only; computations use W0_inv).
-  const MatrixXd w0 = cov == Covariance::kFull
-                          ? MatrixXd(pr.W0_inv.llt().solve(MatrixXd::Identity(d, d)))
-                          : MatrixXd(pr.W0_inv.cwiseInverse());
-  w.write("prior/W0", std::span<const double>(w0.data(), w0.size()), dims);
-  w.write("trace/elbo", r.trace, {r.trace.size()});
+  // The scikit-learn-like summary.
+  write_vector(w, "weights", model.weights());
+  write_rowmatrix(w, "means", model.means());
+  write_matrices(w, "covariances", model.covariances(), cov);
+  if (model.estimator() == Estimator::kMaximumLikelihood) {
+    // GaussianMixture's names: precisions_cholesky_ (upper factor; diag: 1/sigma) and
+    // precisions_; lower_bound_ is its per-sample average log-likelihood.
+    const auto pc = model.precisions_cholesky();
+    write_matrices(w, "precisions_cholesky", pc, cov);
+    std::vector<MatrixXd> prec;
+    for (const auto& p : pc)
+      prec.push_back(cov == Covariance::kFull ? MatrixXd(p * p.transpose())
+                                              : MatrixXd(p.cwiseAbs2()));
+    write_matrices(w, "precisions", prec, cov);
+    write_vector(w, "trace/log_likelihood", r.trace);
+    std::vector<double> lb(r.trace);
+    for (double& v : lb) v /= static_cast<double>(r.n);
+    write_vector(w, "trace/lower_bound", lb);
+    w.attr("log_likelihood", r.elbo);
+    w.attr("lower_bound", r.elbo / static_cast<double>(r.n));
+    w.attr("reg_covar", o.reg_covar);
+  } else {
+    const Posterior& p = model.posterior();
+    // The variational posterior, enough to recompute the ELBO and the predictive density.
+    if (model.prior().weights == WeightPrior::kDirichlet) {
+      write_vector(w, "posterior/alpha", p.alpha);
+    } else {
+      write_vector(w, "posterior/stick_a", p.stick_a);
+      write_vector(w, "posterior/stick_b", p.stick_b);
+    }
+    write_vector(w, "posterior/beta", p.beta);
+    write_rowmatrix(w, "posterior/m", p.m);
+    write_matrices(w, "posterior/W", model.scale_matrices(), cov);
+    write_matrices(w, "posterior/W_inv", p.W_inv, cov);  // exact natural parameter, for reloading
+    write_vector(w, "posterior/nu", p.nu);
+    const Prior& pr = model.prior();
+    w.write_scalar("prior/alpha0", pr.alpha0);
+    w.write_scalar("prior/beta0", pr.beta0);
+    w.write_scalar("prior/nu0", pr.nu0);
+    write_vector(w, "prior/m0", pr.m0);
+    w.write("prior/W0_inv", std::span<const double>(pr.W0_inv.data(), pr.W0_inv.size()), dims);
+    // W0 for readers who want the scale itself (output only; computations use W0_inv).
+    const MatrixXd w0 = cov == Covariance::kFull
+                            ? MatrixXd(pr.W0_inv.llt().solve(MatrixXd::Identity(d, d)))
+                            : MatrixXd(pr.W0_inv.cwiseInverse());
+    w.write("prior/W0", std::span<const double>(w0.data(), w0.size()), dims);
+    w.write("trace/elbo", r.trace, {r.trace.size()});
+    w.attr("elbo", r.elbo);
+    w.attr("weight_prior", to_string(pr.weights));
+    w.attr("weight_concentration_prior_type",
+           std::string(pr.weights == WeightPrior::kDirichlet ? "dirichlet_distribution"
+                                                             : "dirichlet_process"));
+  }
+  write_vector(w, "trace/seconds", r.seconds_trace);
+  if (r.algorithm == Algorithm::kSvi) {
+    write_vector(w, "trace/epoch_elbo", r.epoch_trace);
+    write_vector(w, "trace/rho", r.rho_trace);
+    if (!r.full_elbo.empty()) {
+      write_vector(w, "trace/full_elbo", r.full_elbo);
+      write_vector(w, "trace/full_elbo_seconds", r.full_elbo_seconds);
+      write_vector(w, "trace/full_elbo_step", r.full_elbo_step);
+    }
+    w.attr("steps", r.steps);
+    w.attr("batch_size", o.batch_size);
+    w.attr("schedule", to_string(o.schedule));
+    w.attr("omega", o.omega);
+    w.attr("delta", o.delta);
+    w.attr("tau0", o.tau0);
+    w.attr("stream", static_cast<std::int64_t>(o.stream));
+  }
+  if (r.heldout) w.attr("heldout_score", *r.heldout);
   w.attr("model", std::string("gmm"));
-  w.attr("algorithm", std::string("cavi"));
+  w.attr("algorithm", to_string(r.algorithm));
   w.attr("covariance_type", to_string(cov));
-  w.attr("elbo", r.elbo);
   w.attr("n_iter", static_cast<std::int64_t>(r.iterations));
   w.attr("converged", static_cast<std::int64_t>(r.converged));
+  w.attr("stop_reason", r.stop_reason);
   w.attr("n_samples", r.n);
   w.attr("ranks", static_cast<std::int64_t>(comm.size()));
   w.attr("threads", static_cast<std::int64_t>(max_threads()));
   w.attr("seed", static_cast<std::int64_t>(o.seed));
-  w.attr("init", o.init);
+  w.attr("init", init);
   w.attr("data", o.data);
   w.attr("tol", o.tol);
   w.attr("version", o.version);
@@ -192,105 +372,308 @@ Model load_model(const Comm& comm, const std::string& file) {
   std::optional<Model> model;
   comm.agree([&] {
     io::FileReader r(file);
-    if (!r.has("/posterior/alpha") || !r.has("/posterior/W_inv"))
+    const bool em = r.has("/precisions_cholesky") && r.has("/means") && r.has("/weights");
+    const bool sticks = r.has("/posterior/stick_a");
+    if (!em && !((r.has("/posterior/alpha") || sticks) && r.has("/posterior/W_inv")))
       throw Error("'" + file + "' is not a caviar gmm model (no /posterior)");
     const Covariance cov = parse_covariance(r.read_string_attr("covariance_type"));
     io::Dims dims;
-    const auto alpha = r.read("/posterior/alpha", &dims);
-    const int k = static_cast<int>(alpha.size());
-    const auto m = r.read("/posterior/m", &dims);
-    if (dims.size() != 2 || dims[0] != static_cast<std::uint64_t>(k))
-      throw Error("'" + file + "': /posterior/m has the wrong shape");
-    const int d = static_cast<int>(dims[1]);
-    Posterior p;
-    p.alpha = Eigen::Map<const VectorXd>(alpha.data(), k);
-    const auto beta = r.read("/posterior/beta");
-    const auto nu = r.read("/posterior/nu");
-    const auto winv = r.read("/posterior/W_inv");
+    const auto m = r.read(em ? "/means" : "/posterior/m", &dims);
+    if (dims.size() != 2) throw Error("'" + file + "': the means are not a K x D matrix");
+    const int k = static_cast<int>(dims[0]), d = static_cast<int>(dims[1]);
     const std::size_t per = cov == Covariance::kFull ? std::size_t(d) * d : std::size_t(d);
-    if (beta.size() != std::size_t(k) || nu.size() != std::size_t(k) || winv.size() != per * k)
-      throw Error("'" + file + "': inconsistent posterior shapes");
-    p.beta = Eigen::Map<const VectorXd>(beta.data(), k);
-    p.nu = Eigen::Map<const VectorXd>(nu.data(), k);
-    p.m = Eigen::Map<const RowMatrix>(m.data(), k, d);
-    for (int j = 0; j < k; ++j) {
-      if (cov == Covariance::kFull)
-        p.W_inv.push_back(Eigen::Map<const MatrixXd>(winv.data() + j * per, d, d));
-      else
-        p.W_inv.push_back(Eigen::Map<const MatrixXd>(winv.data() + j * per, d, 1));
+    auto matrices = [&](const std::vector<double>& v) {
+      if (v.size() != per * k) throw Error("'" + file + "': inconsistent matrix shapes");
+      std::vector<MatrixXd> out;
+      for (int j = 0; j < k; ++j)
+        out.push_back(
+            Eigen::Map<const MatrixXd>(v.data() + j * per, d, cov == Covariance::kFull ? d : 1));
+      return out;
+    };
+    auto vec = [&](const std::string& name) {
+      const auto v = r.read(name);
+      if (v.size() != std::size_t(k))
+        throw Error("'" + file + "': " + name + " has the wrong size");
+      return VectorXd(Eigen::Map<const VectorXd>(v.data(), k));
+    };
+    if (em) {
+      MlParams p;
+      p.weights = vec("/weights");
+      p.means = Eigen::Map<const RowMatrix>(m.data(), k, d);
+      p.covariances = matrices(r.read("/covariances"));
+      const VectorXd shift = p.means.transpose() * p.weights;
+      model.emplace(cov, k, default_prior(cov, d, k), shift, Estimator::kMaximumLikelihood);
+      model->set_ml_params(std::move(p));
+      return;
     }
+    Posterior p;
+    Prior prior = default_prior(cov, d, k);  // only the weight prior type matters here
+    if (sticks) {
+      prior.weights = WeightPrior::kStickBreaking;
+      p.stick_a = vec("/posterior/stick_a");
+      p.stick_b = vec("/posterior/stick_b");
+    } else {
+      p.alpha = vec("/posterior/alpha");
+    }
+    p.beta = vec("/posterior/beta");
+    p.nu = vec("/posterior/nu");
+    p.m = Eigen::Map<const RowMatrix>(m.data(), k, d);
+    p.W_inv = matrices(r.read("/posterior/W_inv"));
     // The shift only conditions the arithmetic; the weighted mean of the means is a good one.
-    const VectorXd shift = p.m.transpose() * (p.alpha / p.alpha.sum());
-    Prior prior = default_prior(cov, d, k);  // not used for scoring or prediction
+    const VectorXd w = vec("/weights");
+    const VectorXd shift = p.m.transpose() * (w / w.sum());
     model.emplace(cov, k, prior, shift);
     model->set_posterior(std::move(p));
   });
   return std::move(*model);
 }
 
+// Average log predictive density (EM: log-likelihood) per row of `data`, read in memory or, with
+// stream, chunk by chunk.
+double heldout_score(const Comm& comm, const Model& model, const std::string& data, bool stream,
+                     std::int64_t chunk_rows, std::int64_t* n_out) {
+  const Source src(comm, io::DataRef::parse(data), stream, chunk_rows);
+  if (src.shape().cols != model.dim())
+    throw Error("data " + src.ref().str() + " has " + std::to_string(src.shape().cols) +
+                " features but the model has " + std::to_string(model.dim()));
+  double sum = 0;
+  src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+    if (stream) comm.raise_if_any(find_non_finite(x, first, src.ref()));
+    sum += model.log_predictive_sum(x);
+  });
+  comm.allreduce_sum(std::span<double>(&sum, 1));
+  if (n_out) *n_out = src.shape().rows;
+  return sum / static_cast<double>(src.shape().rows);
+}
+
+// The SVI step-size schedules (seed eqs 2.51 and 2.54-2.58).
+class StepSize {
+ public:
+  StepSize(const FitOptions& o, const Model& model)
+      : o_(o), model_(model), tau_(o.tau0), gbar_(model.make_stats()) {}
+
+  // Adaptive: initialise g_bar and h_bar from Monte Carlo estimates of the noisy natural gradient
+  // at the initial lambda (Ranganath et al. 2013, as the seed describes).
+  void init_adaptive(const std::vector<Stats>& gradients) {
+    gbar_.set_zero();
+    hbar_ = 0;
+    for (const Stats& g : gradients) {
+      gbar_ += g;
+      hbar_ += model_.natural_inner(g, g);
+    }
+    gbar_ *= 1.0 / static_cast<double>(gradients.size());
+    hbar_ /= static_cast<double>(gradients.size());
+  }
+
+  // rho_t for step t = 1, 2, ... given the noisy natural gradient g_t = lambda_hat - lambda.
+  double next(std::int64_t t, const Stats& g) {
+    if (o_.schedule == Schedule::kRobbinsMonro)
+      return std::pow(static_cast<double>(t) + o_.omega, -o_.delta);  // eq. 2.51
+    // Eq. 2.56: moving averages with window tau_t; eq. 2.57: rho = g_bar^T g_bar / h_bar;
+    // eq. 2.58: tau_{t+1} = tau_t (1 - rho) + 1.
+    const double w = 1.0 / tau_;
+    gbar_.interpolate(g, w);
+    hbar_ = (1 - w) * hbar_ + w * model_.natural_inner(g, g);
+    double rho = hbar_ > 0 ? model_.natural_inner(gbar_, gbar_) / hbar_ : 1.0;
+    rho = std::clamp(rho, 0.0, 1.0);  // <= 1 by Cauchy-Schwarz, up to round-off
+    tau_ = tau_ * (1 - rho) + 1;
+    return rho;
+  }
+
+ private:
+  const FitOptions& o_;
+  const Model& model_;
+  double tau_;
+  Stats gbar_;
+  double hbar_ = 0;
+};
+
+std::string resolve_init(const FitOptions& o) {
+  if (!o.init.empty()) return o.init;
+  return o.stream ? "random" : "kmeans++";
+}
+
 }  // namespace
 
 FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
-  const auto t0 = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  double paused = 0;  // seconds spent on diagnostics (full-ELBO checkpoints), not fitting
+  auto elapsed = [&] { return seconds_since(t0) - paused; };
   const io::DataRef ref = io::DataRef::parse(o.data);
+  const std::string init = resolve_init(o);
   if (o.components < 1)
     throw Error("--components must be >= 1 (got " + std::to_string(o.components) + ")");
   if (o.max_iter < 0) throw Error("--max-iter must be >= 0");
   if (!(o.tol >= 0) || !std::isfinite(o.tol)) throw Error("--tol must be a finite number >= 0");
+  if (o.algorithm == Algorithm::kEm && o.weights != WeightPrior::kDirichlet)
+    throw Error("--weights stick-breaking is a prior: it applies to cavi and svi, not em");
+  if (!(o.reg_covar >= 0)) throw Error("--reg-covar must be >= 0");
+  if (o.algorithm == Algorithm::kSvi) {
+    if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
+    if (!(o.delta >= 0 && o.delta <= 1)) throw Error("--delta must be in [0, 1]");
+    if (!(o.omega >= 0)) throw Error("--omega must be >= 0");
+    if (!(o.tau0 >= 1)) throw Error("--tau0 must be >= 1");
+    if (o.max_iter < 1) throw Error("--max-iter (epochs) must be >= 1 for svi");
+  }
+  if (o.stream && !o.labels.empty())
+    throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
   std::vector<std::string> inputs{ref.file};
-  if (o.init != "random" && o.init != "kmeans++") inputs.push_back(io::DataRef::parse(o.init).file);
+  if (init != "random" && init != "kmeans++") inputs.push_back(io::DataRef::parse(init).file);
+  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
 
-  Shard shard = load_shard(comm, ref);
-  if (o.components > shard.shape.rows)
+  const Source src(comm, ref, o.stream, o.chunk_rows);
+  const std::int64_t n = src.shape().rows;
+  if (o.components > n)
     throw Error("--components " + std::to_string(o.components) + " exceeds the number of rows (" +
-                std::to_string(shard.shape.rows) + ") in " + ref.str());
-  const int d = static_cast<int>(shard.shape.cols);
-  const Moments mom = data_moments(comm, shard);
-  Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean);
+                std::to_string(n) + ") in " + ref.str());
+  const int d = static_cast<int>(src.shape().cols);
+  const Moments mom = data_moments(comm, src);
+  const Estimator est =
+      o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
+  Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
 
-  Stats stats = model.make_stats();
-  {
-    const RowMatrix r0 = initial_responsibilities(comm, o, shard);
-    model.accumulate(shard.x, r0, stats);
-  }
-  comm.allreduce_sum(stats.buffer());
+  // lambda_0: the M-step from the initial responsibilities.
+  Stats stats = initial_stats(comm, o, init, src, model);
   comm.agree([&] { model.update(stats); });
 
   FitResult res;
-  res.n = shard.shape.rows;
+  res.algorithm = o.algorithm;
+  res.n = n;
   RowMatrix resp;
   RowMatrix* resp_out = o.labels.empty() ? nullptr : &resp;
-  for (int it = 0;; ++it) {
-    stats.set_zero();
-    model.local_step(shard.x, stats, resp_out);
-    comm.allreduce_sum(stats.buffer());
-    const double elbo = model.elbo(stats);
-    const double rel = res.trace.empty()
-                           ? std::numeric_limits<double>::quiet_NaN()
-                           : std::abs(elbo - res.trace.back()) / std::max(std::abs(elbo), 1e-300);
-    res.trace.push_back(elbo);
-    res.iterations = it;
-    if (progress) progress({it, elbo, rel, seconds_since(t0)});
-    if (!std::isfinite(elbo))
-      throw Error("the ELBO is not finite at iteration " + std::to_string(it));
-    if (it > 0 && rel < o.tol) {
-      res.converged = true;
-      break;
+  auto rel_change = [](double now, double before) {
+    return std::abs(now - before) / std::max(std::abs(now), 1e-300);
+  };
+
+  if (o.algorithm != Algorithm::kSvi) {
+    // CAVI (Bishop 10.2) or EM (Bishop 9.2): E-step over all rows, one allreduce, M-step.
+    for (int it = 0;; ++it) {
+      full_pass(comm, src, model, stats, resp_out);
+      const double obj = model.objective(stats);
+      const double rel = res.trace.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                           : rel_change(obj, res.trace.back());
+      res.trace.push_back(obj);
+      res.seconds_trace.push_back(elapsed());
+      res.iterations = it;
+      if (progress) progress({it, obj, rel, elapsed()});
+      if (!std::isfinite(obj))
+        throw Error(std::string(o.algorithm == Algorithm::kEm ? "the log-likelihood" : "the ELBO") +
+                    " is not finite at iteration " + std::to_string(it));
+      if (it > 0 && rel < o.tol) {
+        res.converged = true;
+        res.stop_reason = "tol";
+        break;
+      }
+      if (it >= o.max_iter) {
+        res.stop_reason = "max-iter";
+        break;
+      }
+      comm.agree([&] { model.update(stats); });
     }
-    if (it >= o.max_iter) break;
-    comm.agree([&] { model.update(stats); });
+    res.elbo = res.trace.back();
+  } else {
+    // SVI (seed section 2.2; Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
+    // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
+    // is S <- (1 - rho) S + rho (N/B) S_batch (seed eqs 2.50, 2.53).
+    Stats s_eff = stats;
+    Stats batch = model.make_stats(), grad = model.make_stats();
+    const std::int64_t bsz = std::min<std::int64_t>(o.batch_size, n);
+    const std::int64_t steps_per_epoch = (n + bsz - 1) / bsz;
+    // The E-step over one minibatch under the current lambda, summed over ranks and scaled by
+    // N/|b| into `batch` (whose log_norm then gives the stochastic ELBO of eq. 2.52).
+    auto minibatch = [&](const EpochPermutation& perm, std::int64_t step) {
+      std::int64_t size = 0;
+      const auto rows = minibatch_rows(perm, n, bsz, step, src.range(), &size);
+      const RowMatrix xb = src.gather(rows);
+      batch.set_zero();
+      model.local_step(xb, batch);
+      comm.allreduce_sum(batch.buffer());
+      batch *= static_cast<double>(n) / static_cast<double>(size);
+    };
+    auto natural_gradient = [&] {  // g = lambda_hat - lambda (eq. 2.49), statistic coordinates
+      for (std::size_t i = 0; i < grad.buffer().size(); ++i)
+        grad.buffer()[i] = batch.buffer()[i] - s_eff.buffer()[i];
+    };
+    StepSize schedule(o, model);
+    if (o.schedule == Schedule::kAdaptive) {
+      // Monte Carlo initialisation from min(tau0, one epoch) minibatches of a separate draw.
+      const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), steps_per_epoch);
+      const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed, 0xFFFFFFFFu);
+      std::vector<Stats> gs;
+      for (std::int64_t i = 0; i < n_mc; ++i) {
+        minibatch(perm, i);
+        natural_gradient();
+        gs.push_back(grad);
+      }
+      schedule.init_adaptive(gs);
+    }
+    int decreases = 0;
+    std::int64_t t = 0;
+    res.stop_reason = "max-iter";
+    for (int epoch = 0; epoch < o.max_iter; ++epoch) {
+      const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed,
+                                  static_cast<std::uint32_t>(epoch));
+      double sum = 0, rho = 0;
+      for (std::int64_t step = 0; step < steps_per_epoch; ++step) {
+        minibatch(perm, step);
+        const double elbo_t = model.elbo(batch);  // eq. 2.52 at the current lambda
+        if (!std::isfinite(elbo_t))
+          throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
+        natural_gradient();
+        rho = schedule.next(++t, grad);
+        s_eff.interpolate(batch, rho);
+        comm.agree([&] { model.update(s_eff); });
+        sum += elbo_t;
+        res.trace.push_back(elbo_t);
+        res.rho_trace.push_back(rho);
+        res.seconds_trace.push_back(elapsed());
+        if (o.full_elbo_every > 0 && t % o.full_elbo_every == 0) {
+          const auto p0 = Clock::now();
+          full_pass(comm, src, model, stats, nullptr);
+          res.full_elbo.push_back(model.elbo(stats));
+          res.full_elbo_seconds.push_back(res.seconds_trace.back());
+          res.full_elbo_step.push_back(static_cast<double>(t));
+          paused += seconds_since(p0);
+        }
+      }
+      const double avg = sum / static_cast<double>(steps_per_epoch);
+      const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                                 : rel_change(avg, res.epoch_trace.back());
+      if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
+      res.epoch_trace.push_back(avg);
+      res.iterations = epoch + 1;
+      res.steps = t;
+      if (progress) progress({epoch + 1, avg, rel, elapsed(), rho, t});
+      // Seed sec. 2.2 / Fig. 2.4: stop when the epoch-average ELBO changes by less than tol, or
+      // has decreased for three consecutive epochs.
+      if (epoch > 0 && rel < o.tol) {
+        res.converged = true;
+        res.stop_reason = "tol";
+        break;
+      }
+      if (decreases >= 3) {
+        res.converged = true;
+        res.stop_reason = "elbo-decreased";
+        break;
+      }
+    }
+    // The final full ELBO: one pass over every row under the final lambda.
+    full_pass(comm, src, model, stats, resp_out);
+    res.elbo = model.elbo(stats);
   }
-  res.elbo = res.trace.back();
-  res.seconds = seconds_since(t0);
+  res.seconds = elapsed();
+  if (!o.heldout.empty())
+    res.heldout = heldout_score(comm, model, o.heldout, o.stream, o.chunk_rows, nullptr);
 
   if (!o.out.empty()) {
     std::string err;
     if (comm.is_root()) {
       try {
-        write_model(model, o, res, comm);
+        write_model(model, o, init, res, comm);
       } catch (const Error& e) {
         err = e.what();
       }
@@ -298,20 +681,15 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     comm.broadcast(err, 0);
     if (!err.empty()) throw Error(err);
   }
-  if (!o.labels.empty()) write_labels(comm, o.labels, shard, resp, o.save_responsibilities);
+  if (!o.labels.empty()) write_labels(comm, o.labels, src.shard(), resp, o.save_responsibilities);
   return res;
 }
 
 ScoreResult score(const Comm& comm, const std::string& model_file, const std::string& data) {
   const Model model = load_model(comm, model_file);
-  const io::DataRef ref = io::DataRef::parse(data);
-  const Shard shard = load_shard(comm, ref);
-  if (shard.shape.cols != model.dim())
-    throw Error("data " + ref.str() + " has " + std::to_string(shard.shape.cols) +
-                " features but the model has " + std::to_string(model.dim()));
-  double sum = model.log_predictive_sum(shard.x);
-  comm.allreduce_sum(std::span<double>(&sum, 1));
-  return {sum / static_cast<double>(shard.shape.rows), shard.shape.rows};
+  ScoreResult r;
+  r.score = heldout_score(comm, model, data, false, 0, &r.n);
+  return r;
 }
 
 std::int64_t predict(const Comm& comm, const std::string& model_file, const std::string& data,

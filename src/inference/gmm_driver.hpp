@@ -12,14 +12,36 @@
 
 namespace caviar::gmm {
 
+enum class Algorithm { kCavi, kSvi, kEm };
+Algorithm parse_algorithm(const std::string& s);
+std::string to_string(Algorithm a);
+
+enum class Schedule { kRobbinsMonro, kAdaptive };
+Schedule parse_schedule(const std::string& s);  // robbins-monro (or rm) | adaptive
+std::string to_string(Schedule s);
+
 struct FitOptions {
   std::string data;  // FILE.h5[:/path]
   int components = 0;
+  Algorithm algorithm = Algorithm::kCavi;
   Covariance covariance = Covariance::kFull;
-  int max_iter = 200;
-  double tol = 1e-6;  // relative ELBO change; 0 runs all max_iter iterations
+  WeightPrior weights = WeightPrior::kDirichlet;
+  int max_iter = 200;  // CAVI/EM iterations; SVI epochs
+  double tol = 1e-6;   // relative change of the ELBO / log-likelihood / SVI epoch-average ELBO;
+                       // 0 runs all max_iter iterations (SVI: unless it decreases 3 epochs)
   std::uint64_t seed = 0;
-  std::string init = "kmeans++";  // kmeans++ | random | FILE.h5:/resp
+  std::string init;  // kmeans++ | random | FILE.h5:/resp; "" = kmeans++ (random with --stream)
+  // EM: added to the diagonal of every covariance (scikit-learn's reg_covar, same default).
+  double reg_covar = 1e-6;
+  // SVI (seed section 2.2): minibatch size, step-size schedule rho_t = (t + omega)^-delta or the
+  // adaptive rate with memory tau0 (seed eqs 2.54-2.58).
+  std::int64_t batch_size = 512;
+  Schedule schedule = Schedule::kRobbinsMonro;
+  double omega = 1.0, delta = 0.9, tau0 = 500;
+  bool stream = false;          // read rows from the file per step/chunk; never the whole dataset
+  std::int64_t chunk_rows = 0;  // rows per chunk of a streamed full pass (0: about 8 MB)
+  int full_elbo_every = 0;      // SVI: also compute the full ELBO every S steps (clock paused)
+  std::string heldout;          // FILE.h5[:/path]: report the held-out score after fitting
   int kmeans_iter = 10;
   std::optional<double> alpha0, beta0, nu0;
   std::string prior_mean = "zero";       // zero | data
@@ -32,19 +54,29 @@ struct FitOptions {
 };
 
 struct IterationReport {
-  int iteration;
-  double elbo;
-  double rel_change;  // NaN on the first
-  double seconds;     // since the start of the fit
+  int iteration;           // CAVI/EM iteration, or SVI epoch
+  double elbo;             // ELBO, log-likelihood (EM), or the SVI epoch-average stochastic ELBO
+  double rel_change;       // NaN on the first
+  double seconds;          // since the start of the fit
+  double rho = 0;          // SVI: the step size of the epoch's last step
+  std::int64_t steps = 0;  // SVI: steps so far
 };
 
 struct FitResult {
-  double elbo = 0;
+  Algorithm algorithm = Algorithm::kCavi;
+  double elbo = 0;  // final full ELBO (SVI: one full pass after the last step); EM: log-likelihood
   int iterations = 0;
   bool converged = false;
+  std::string stop_reason;  // tol | elbo-decreased | max-iter
   double seconds = 0;
   std::int64_t n = 0;
-  std::vector<double> trace;
+  std::vector<double> trace;          // per iteration (CAVI/EM) or per SVI step (stochastic ELBO)
+  std::vector<double> seconds_trace;  // time of each trace entry (excluding full-ELBO checks)
+  std::vector<double> epoch_trace;    // SVI: epoch-average stochastic ELBO
+  std::vector<double> rho_trace;      // SVI: step sizes
+  std::int64_t steps = 0;             // SVI
+  std::vector<double> full_elbo, full_elbo_seconds, full_elbo_step;  // SVI checkpoints
+  std::optional<double> heldout;  // average held-out log predictive density (EM: loglik)
 };
 
 using Progress = std::function<void(const IterationReport&)>;

@@ -4,6 +4,15 @@
 
 namespace caviar {
 
+std::string find_non_finite(const io::RowMatrix& x, std::int64_t first, const io::DataRef& ref) {
+  for (Eigen::Index i = 0; i < x.rows(); ++i)
+    for (Eigen::Index j = 0; j < x.cols(); ++j)
+      if (!std::isfinite(x(i, j)))
+        return ref.str() + " has a non-finite value (" + std::to_string(x(i, j)) + ") at row " +
+               std::to_string(first + i) + ", column " + std::to_string(j);
+  return "";
+}
+
 Shard load_shard(const Comm& comm, const io::DataRef& ref) {
   Shard s;
   s.ref = ref;
@@ -13,16 +22,7 @@ Shard load_shard(const Comm& comm, const io::DataRef& ref) {
                 std::to_string(comm.size()) + " MPI ranks");
   s.range = partition_rows(s.shape.rows, comm.size(), comm.rank());
   s.x = io::read_rows(comm, ref, s.shape, s.range);
-  std::string err;
-  for (Eigen::Index i = 0; i < s.x.rows() && err.empty(); ++i) {
-    for (Eigen::Index j = 0; j < s.x.cols(); ++j) {
-      if (!std::isfinite(s.x(i, j))) {
-        err = ref.str() + " has a non-finite value (" + std::to_string(s.x(i, j)) + ") at row " +
-              std::to_string(s.range.begin + i) + ", column " + std::to_string(j);
-        break;
-      }
-    }
-  }
+  const std::string err = find_non_finite(s.x, s.range.begin, ref);
   // The lowest failing rank holds the lowest bad row, so every run reports the same row.
   comm.raise_if_any(err);
   return s;

@@ -17,4 +17,8 @@ struct Shard {
 // if there are fewer rows than ranks or any value is NaN or infinite.
 Shard load_shard(const Comm& comm, const io::DataRef& ref);
 
+// "" if every value of x (global rows first, first + 1, ...) is finite, else the message naming
+// the first bad row and column.
+std::string find_non_finite(const io::RowMatrix& x, std::int64_t first, const io::DataRef& ref);
+
 }  // namespace caviar

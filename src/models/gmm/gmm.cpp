@@ -1,6 +1,7 @@
 #include "models/gmm/gmm.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
@@ -21,6 +22,16 @@ Covariance parse_covariance(const std::string& s) {
 
 std::string to_string(Covariance c) {
   return c == Covariance::kFull ? "full" : "diag";
+}
+
+WeightPrior parse_weight_prior(const std::string& s) {
+  if (s == "dirichlet") return WeightPrior::kDirichlet;
+  if (s == "stick-breaking") return WeightPrior::kStickBreaking;
+  throw Error("unknown weight prior '" + s + "' (expected dirichlet or stick-breaking)");
+}
+
+std::string to_string(WeightPrior w) {
+  return w == WeightPrior::kDirichlet ? "dirichlet" : "stick-breaking";
 }
 
 Prior default_prior(Covariance cov, int dim, int n_components) {
@@ -48,6 +59,15 @@ Stats::Stats(int dim, int n_components, Covariance cov)
 Stats& Stats::operator+=(const Stats& o) {
   for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] += o.buf_[i];
   return *this;
+}
+
+Stats& Stats::operator*=(double a) {
+  for (double& v : buf_) v *= a;
+  return *this;
+}
+
+void Stats::interpolate(const Stats& o, double rho) {
+  for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] = (1.0 - rho) * buf_[i] + rho * o.buf_[i];
 }
 
 MatrixXd Stats::sxx_matrix(int k) const {
@@ -136,8 +156,14 @@ void for_blocks(Index n_rows, int d, int k, Covariance cov, Stats& stats, Body&&
 // ---------------------------------------------------------------------------------------------
 // Model
 
-Model::Model(Covariance cov, int n_components, Prior prior, VectorXd shift)
-    : cov_(cov), k_(n_components), prior_(std::move(prior)), shift_(std::move(shift)) {}
+Model::Model(Covariance cov, int n_components, Prior prior, VectorXd shift, Estimator est,
+             double reg_covar)
+    : cov_(cov),
+      k_(n_components),
+      prior_(std::move(prior)),
+      shift_(std::move(shift)),
+      est_(est),
+      reg_covar_(reg_covar) {}
 
 void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const {
   const int d = dim(), kk = static_cast<int>(resp.cols());
@@ -151,12 +177,13 @@ void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) 
 void Model::log_rho(const RowMatrix& xc, Index r0, Index r1, RowMatrix& out) const {
   // Seed eq. 1.42 with 1.58-1.60: ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
   //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xc here is already x - c.
+  // EM (Bishop 9.23): ln pi_k + ln|Lambda_k|/2 - D/2 ln 2pi - 1/2 (x_n - mu_k)^T Lambda_k (.),
+  // the same form with beta_k -> infinity and nu_k W_k -> Lambda_k (see refresh_ml).
   const Index n = r1 - r0;
-  const int d = dim(), kk = n_components();
+  const int kk = n_components();
   out.resize(n, kk);
   for (int k = 0; k < kk; ++k) {
-    const double base =
-        e_log_pi_[k] + 0.5 * e_logdet_[k] - 0.5 * d * math::kLog2Pi - 0.5 * d / post_.beta[k];
+    const double base = log_rho_base_[k];
     Eigen::VectorXd quad(n);
     if (cov_ == Covariance::kFull) {
       // (x - m)^T W (x - m) = ||(x - m)^T P||^2 with P P^T = W: one GEMM per component.
@@ -169,7 +196,7 @@ void Model::log_rho(const RowMatrix& xc, Index r0, Index r1, RowMatrix& out) con
                  .rowwise()
                  .sum();
     }
-    out.col(k) = (base - 0.5 * post_.nu[k] * quad.array()).matrix();
+    out.col(k) = (base - 0.5 * quad_scale_[k] * quad.array()).matrix();
   }
 }
 
@@ -191,6 +218,7 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
 }
 
 void Model::update(const Stats& s) {
+  if (est_ == Estimator::kMaximumLikelihood) return update_ml(s);
   // Natural-parameter form of Bishop (10.58), (10.60)-(10.63), in coordinates shifted by c:
   //   alpha_k = alpha0 + N_k,  beta_k = beta0 + N_k,  nu_k = nu0 + N_k,
   //   beta_k m_k = beta0 m0 + Sx_k,
@@ -205,9 +233,21 @@ void Model::update(const Stats& s) {
   p.nu.resize(kk);
   p.m.resize(kk, d);
   p.W_inv.resize(kk);
+  if (prior_.weights == WeightPrior::kStickBreaking) {
+    // Blei & Jordan (2006): a_k = 1 + N_k, b_k = alpha0 + sum_{j>k} N_j.
+    p.alpha.resize(0);
+    p.stick_a.resize(kk);
+    p.stick_b.resize(kk);
+    double tail = 0;
+    for (int k = kk - 1; k >= 0; --k) {
+      p.stick_a[k] = 1.0 + s.n(k);
+      p.stick_b[k] = prior_.alpha0 + tail;
+      tail += s.n(k);
+    }
+  }
   for (int k = 0; k < kk; ++k) {
     const double nk = s.n(k);
-    p.alpha[k] = prior_.alpha0 + nk;
+    if (prior_.weights == WeightPrior::kDirichlet) p.alpha[k] = prior_.alpha0 + nk;
     p.beta[k] = prior_.beta0 + nk;
     p.nu[k] = prior_.nu0 + nk;
     const VectorXd mc = (prior_.beta0 * m0c + Eigen::Map<const VectorXd>(s.sx(k), d)) / p.beta[k];
@@ -224,23 +264,119 @@ void Model::update(const Stats& s) {
   set_posterior(std::move(p));
 }
 
+namespace {
+[[noreturn]] void throw_singular(int k) {
+  throw Error("EM: the covariance of component " + std::to_string(k) +
+              " is singular (its points collapsed onto a point or a subspace); add a small "
+              "--reg-covar, e.g. 1e-6, or use fewer components");
+}
+}  // namespace
+
+void Model::update_ml(const Stats& s) {
+  // Bishop (9.24)-(9.26) in coordinates shifted by c: pi_k = N_k / N, mu_k - c = Sx_k / N_k,
+  // Sigma_k = Sxx_k / N_k - (mu_k - c)(mu_k - c)^T + reg_covar I. As scikit-learn, N_k gets
+  // 10 machine epsilons so that an empty component gives a finite (then singular) estimate.
+  const int d = dim(), kk = s.n_components();
+  const double eps = std::numeric_limits<double>::epsilon();
+  MlParams p;
+  p.weights.resize(kk);
+  p.means.resize(kk, d);
+  p.covariances.resize(kk);
+  for (int k = 0; k < kk; ++k) {
+    const double nk = s.n(k) + 10 * eps;
+    p.weights[k] = nk;
+    const VectorXd mc = Eigen::Map<const VectorXd>(s.sx(k), d) / nk;
+    p.means.row(k) = (mc + shift_).transpose();
+    if (cov_ == Covariance::kFull) {
+      const MatrixXd raw = s.sxx_matrix(k) / nk;
+      MatrixXd c = raw - mc * mc.transpose();
+      c.diagonal().array() += reg_covar_;
+      p.covariances[k] = 0.5 * (c + c.transpose());
+      // Sigma_k is a difference of raw moments: a collapsed component (all its points equal)
+      // leaves round-off of size eps * raw instead of an exact zero, so "singular" means a
+      // Cholesky pivot below that round-off level, not only a failed factorisation.
+      Eigen::LLT<MatrixXd> llt(p.covariances[k]);
+      const double floor = 100 * eps * (raw.diagonal().maxCoeff() + reg_covar_);
+      if (llt.info() != Eigen::Success ||
+          MatrixXd(llt.matrixL()).diagonal().cwiseAbs2().minCoeff() <= floor)
+        throw_singular(k);
+    } else {
+      const VectorXd raw = Eigen::Map<const VectorXd>(s.sxx(k), d) / nk;
+      p.covariances[k] = raw - mc.cwiseAbs2();
+      p.covariances[k].array() += reg_covar_;
+      if ((p.covariances[k].array() <= 100 * eps * (raw.array() + reg_covar_)).any())
+        throw_singular(k);
+    }
+  }
+  p.weights /= p.weights.sum();
+  set_ml_params(std::move(p));
+}
+
+void Model::set_ml_params(MlParams p) {
+  if (p.weights.size() != k_) throw Error("parameters have the wrong number of components");
+  ml_ = std::move(p);
+  refresh_ml();
+}
+
+void Model::refresh_ml() {
+  const int d = dim(), kk = n_components();
+  e_log_pi_ = ml_.weights.array().log().matrix();
+  e_logdet_.resize(kk);
+  logdet_w_.resize(kk);
+  log_rho_base_.resize(kk);
+  quad_scale_ = VectorXd::Ones(kk);
+  m_shifted_ = ml_.means.rowwise() - shift_.transpose();
+  prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
+  w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
+  for (int k = 0; k < kk; ++k) {
+    if (cov_ == Covariance::kFull) {
+      Eigen::LLT<MatrixXd> llt(ml_.covariances[k]);
+      if (llt.info() != Eigen::Success) throw_singular(k);
+      const MatrixXd l = llt.matrixL();
+      prec_chol_[k] = l.transpose().triangularView<Eigen::Upper>().solve(MatrixXd::Identity(d, d));
+      logdet_w_[k] = -2.0 * l.diagonal().array().log().sum();  // ln |Lambda_k|
+    } else {
+      const Eigen::ArrayXd c = ml_.covariances[k].col(0).array();
+      if (!(c > 0).all()) throw_singular(k);
+      w_diag_.row(k) = c.inverse().matrix().transpose();
+      logdet_w_[k] = -c.log().sum();
+    }
+    e_logdet_[k] = logdet_w_[k];
+    log_rho_base_[k] = e_log_pi_[k] + 0.5 * logdet_w_[k] - 0.5 * d * math::kLog2Pi;
+  }
+}
+
 void Model::set_posterior(Posterior post) {
-  if (post.alpha.size() != k_) throw Error("posterior has the wrong number of components");
+  const Eigen::Index kw =
+      prior_.weights == WeightPrior::kDirichlet ? post.alpha.size() : post.stick_a.size();
+  if (kw != k_ || post.beta.size() != k_)
+    throw Error("posterior has the wrong number of components");
   post_ = std::move(post);
   refresh();
 }
 
 void Model::refresh() {
   const int d = dim(), kk = n_components();
-  const double digamma_sum = math::digamma(post_.alpha.sum());
   e_log_pi_.resize(kk);
+  if (prior_.weights == WeightPrior::kDirichlet) {
+    const double digamma_sum = math::digamma(post_.alpha.sum());
+    for (int k = 0; k < kk; ++k)
+      e_log_pi_[k] = math::digamma(post_.alpha[k]) - digamma_sum;  // seed eq. 1.59
+  } else {
+    // E[ln pi_k] = E[ln v_k] + sum_{j<k} E[ln(1 - v_j)] (Blei & Jordan 2006, eq. 21).
+    double tail = 0;
+    for (int k = 0; k < kk; ++k) {
+      const double ds = math::digamma(post_.stick_a[k] + post_.stick_b[k]);
+      e_log_pi_[k] = math::digamma(post_.stick_a[k]) - ds + tail;
+      tail += math::digamma(post_.stick_b[k]) - ds;
+    }
+  }
   e_logdet_.resize(kk);
   logdet_w_.resize(kk);
   m_shifted_ = post_.m.rowwise() - shift_.transpose();
   prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
   w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
   for (int k = 0; k < kk; ++k) {
-    e_log_pi_[k] = math::digamma(post_.alpha[k]) - digamma_sum;  // seed eq. 1.59
     if (cov_ == Covariance::kFull) {
       Eigen::LLT<MatrixXd> llt(post_.W_inv[k]);
       if (llt.info() != Eigen::Success)
@@ -262,17 +398,71 @@ void Model::refresh() {
       e_logdet_[k] = d * (math::digamma(0.5 * post_.nu[k]) + math::kLog2) + logdet_w_[k];
     }
   }
+  log_rho_base_ = e_log_pi_.array() + 0.5 * e_logdet_.array() - 0.5 * d * math::kLog2Pi -
+                  0.5 * d / post_.beta.array();
+  quad_scale_ = post_.nu;
+}
+
+double Model::weight_kl_terms() const {
+  const int kk = n_components();
+  if (prior_.weights == WeightPrior::kDirichlet) {
+    // E[ln p(pi)] - E[ln q(pi)]: Bishop (10.73) - (10.76).
+    return math::log_dirichlet_norm(VectorXd::Constant(kk, prior_.alpha0)) -
+           math::log_dirichlet_norm(post_.alpha) +
+           ((prior_.alpha0 - post_.alpha.array()) * e_log_pi_.array()).sum();
+  }
+  // Sum over sticks of E[ln Beta(v_k | 1, alpha0)] - E[ln Beta(v_k | a_k, b_k)], with
+  // ln B(1, alpha0) = -ln alpha0, E[ln v] = psi(a) - psi(a + b), E[ln(1-v)] = psi(b) - psi(a + b).
+  double l = 0;
+  for (int k = 0; k < kk; ++k) {
+    const double a = post_.stick_a[k], b = post_.stick_b[k];
+    const double ds = math::digamma(a + b);
+    const double elv = math::digamma(a) - ds, el1v = math::digamma(b) - ds;
+    const double log_beta_ab = std::lgamma(a) + std::lgamma(b) - std::lgamma(a + b);
+    l += std::log(prior_.alpha0) + (prior_.alpha0 - 1) * el1v;
+    l -= -log_beta_ab + (a - 1) * elv + (b - 1) * el1v;
+  }
+  return l;
+}
+
+double Model::objective(const Stats& s) const {
+  // EM: the data term is the whole log-likelihood, sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k).
+  return est_ == Estimator::kMaximumLikelihood ? s.log_norm() : elbo(s);
+}
+
+double Model::natural_inner(const Stats& g, const Stats& h) const {
+  // Natural parameters and their dependence on the statistics (all affine with unit slope):
+  //   Dirichlet alpha_k - 1 <- N_k;  sticks (a_k - 1, b_k - 1) <- (N_k, sum_{j>k} N_j);
+  //   beta_k <- N_k;  beta_k m_k <- Sx_k;  W_k^-1 + beta_k m_k m_k^T <- Sxx_k;  nu_k <- N_k.
+  // Sxx is a symmetric matrix stored packed (full): off-diagonal entries count twice.
+  const int d = dim(), kk = n_components();
+  double s = 0, tail_g = 0, tail_h = 0;
+  for (int k = kk - 1; k >= 0; --k) {
+    s += 3.0 * g.n(k) * h.n(k);  // weights, beta, nu
+    if (prior_.weights == WeightPrior::kStickBreaking) {
+      s += tail_g * tail_h;
+      tail_g += g.n(k);
+      tail_h += h.n(k);
+    }
+    for (int j = 0; j < d; ++j) s += g.sx(k)[j] * h.sx(k)[j];
+    const double *pg = g.sxx(k), *ph = h.sxx(k);
+    if (cov_ == Covariance::kFull) {
+      for (int i = 0; i < d; ++i)
+        for (int j = i; j < d; ++j) s += (i == j ? 1.0 : 2.0) * (*pg++) * (*ph++);
+    } else {
+      for (int j = 0; j < d; ++j) s += pg[j] * ph[j];
+    }
+  }
+  return s;
 }
 
 double Model::elbo(const Stats& s) const {
   // With optimal responsibilities, E[ln p(X|Z,mu,Lambda)] + E[ln p(Z|pi)] - E[ln q(Z)] collapses
   // to sum_n ln sum_k rho_nk (Bishop 10.71, 10.72, 10.75): the log_norm statistic.
+  if (est_ == Estimator::kMaximumLikelihood) throw Error("EM has no ELBO (use objective)");
   const int d = dim(), kk = n_components();
   double l = s.log_norm();
-  // E[ln p(pi)] - E[ln q(pi)]: Bishop (10.73) - (10.76).
-  l += math::log_dirichlet_norm(VectorXd::Constant(kk, prior_.alpha0)) -
-       math::log_dirichlet_norm(post_.alpha);
-  l += ((prior_.alpha0 - post_.alpha.array()) * e_log_pi_.array()).sum();
+  l += weight_kl_terms();
   // E[ln p(mu, Lambda)] - E[ln q(mu, Lambda)]: Bishop (10.74) - (10.77).
   const double b0 = prior_.beta0;
   double logdet_w0 = 0;
@@ -318,8 +508,14 @@ double Model::log_predictive_sum(const RowMatrix& x) const {
   // Seed eq. 1.73: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
   // L_k = (nu_k + 1 - D) beta_k / (1 + beta_k) W_k. The diagonal model factorises over
   // dimensions into 1-D Student-t densities with nu_k degrees of freedom.
+  if (est_ == Estimator::kMaximumLikelihood) {
+    Stats s = make_stats();
+    local_step(x, s);
+    return s.log_norm();
+  }
   const int d = dim(), kk = n_components();
-  const double log_alpha_hat = std::log(post_.alpha.sum());
+  // E[pi_k]: alpha_k / alpha_hat (Dirichlet), or the renormalised stick-breaking expectation.
+  const VectorXd log_w = weights().array().log().matrix();
   Eigen::VectorXd base(kk), scale(kk), dof(kk);
   for (int k = 0; k < kk; ++k) {
     const double nup = cov_ == Covariance::kFull ? post_.nu[k] + 1 - d : post_.nu[k];
@@ -328,7 +524,7 @@ double Model::log_predictive_sum(const RowMatrix& x) const {
     scale[k] = c;
     const int dims_per_t = cov_ == Covariance::kFull ? d : 1;
     const int n_t = cov_ == Covariance::kFull ? 1 : d;
-    base[k] = std::log(post_.alpha[k]) - log_alpha_hat +
+    base[k] = log_w[k] +
               n_t * (std::lgamma(0.5 * (nup + dims_per_t)) - std::lgamma(0.5 * nup) -
                      0.5 * dims_per_t * std::log(M_PI * nup) + 0.5 * dims_per_t * std::log(c)) +
               0.5 * logdet_w_[k];
@@ -361,10 +557,34 @@ double Model::log_predictive_sum(const RowMatrix& x) const {
 }
 
 VectorXd Model::weights() const {
-  return post_.alpha / post_.alpha.sum();
+  if (est_ == Estimator::kMaximumLikelihood) return ml_.weights;
+  if (prior_.weights == WeightPrior::kDirichlet) return post_.alpha / post_.alpha.sum();
+  // E[pi_k] = E[v_k] prod_{j<k} E[1 - v_j], renormalised over k = 1..K (as scikit-learn).
+  const int kk = n_components();
+  VectorXd w(kk);
+  double rest = 1;
+  for (int k = 0; k < kk; ++k) {
+    const double ab = post_.stick_a[k] + post_.stick_b[k];
+    w[k] = rest * post_.stick_a[k] / ab;
+    rest *= post_.stick_b[k] / ab;
+  }
+  return w / w.sum();
+}
+
+RowMatrix Model::means() const {
+  return est_ == Estimator::kMaximumLikelihood ? ml_.means : post_.m;
+}
+
+std::vector<MatrixXd> Model::precisions_cholesky() const {
+  std::vector<MatrixXd> p(static_cast<std::size_t>(n_components()));
+  for (int k = 0; k < n_components(); ++k)
+    p[k] = cov_ == Covariance::kFull ? prec_chol_[k]
+                                     : MatrixXd(w_diag_.row(k).transpose().cwiseSqrt());
+  return p;
 }
 
 std::vector<MatrixXd> Model::covariances() const {
+  if (est_ == Estimator::kMaximumLikelihood) return ml_.covariances;
   std::vector<MatrixXd> c(post_.W_inv.size());
   for (std::size_t k = 0; k < c.size(); ++k) c[k] = post_.W_inv[k] / post_.nu[Index(k)];
   return c;

@@ -4,6 +4,16 @@
 //   pi ~ Dir(alpha0),  (mu_k, Lambda_k) ~ N(m0, (beta0 Lambda_k)^-1) W(W0, nu0),
 //   z_n ~ Cat(pi),     x_n | z_n = k ~ N(mu_k, Lambda_k^-1).
 //
+// Weight priors: a symmetric Dirichlet(alpha0), or the truncated stick-breaking (Dirichlet-process)
+// prior of Blei & Jordan (2006): v_k ~ Beta(1, alpha0), pi_k = v_k prod_{j<k} (1 - v_j), with
+// q(v_k) = Beta(a_k, b_k) for k = 1..K (as scikit-learn's "dirichlet_process": the K-th stick
+// keeps its Beta factor, the mass beyond K is dropped and the expected weights renormalised).
+//
+// The same class also runs maximum likelihood (EM, Estimator::kMaximumLikelihood): then the
+// "posterior" is a point estimate (weights, means, covariances), the E-step uses ln pi_k +
+// ln N(x | mu_k, Sigma_k), and the objective is the log-likelihood. The E-step and the
+// statistics are shared; only update() and the objective differ.
+//
 // Full covariance uses a D-dimensional Wishart; diagonal covariance gives each dimension its own
 // 1-D Wishart (a Gamma) sharing beta_k and nu_k, so the diagonal model is exactly conjugate.
 //
@@ -30,8 +40,15 @@ enum class Covariance { kFull, kDiag };
 Covariance parse_covariance(const std::string& s);
 std::string to_string(Covariance c);
 
+enum class WeightPrior { kDirichlet, kStickBreaking };
+WeightPrior parse_weight_prior(const std::string& s);
+std::string to_string(WeightPrior w);
+
+enum class Estimator { kVariational, kMaximumLikelihood };
+
 struct Prior {
-  double alpha0 = 0;       // Dirichlet concentration, per component
+  WeightPrior weights = WeightPrior::kDirichlet;
+  double alpha0 = 0;       // Dirichlet concentration per component, or the DP concentration
   double beta0 = 1;        // precision scaling of the mean
   double nu0 = 0;          // Wishart degrees of freedom
   Eigen::VectorXd m0;      // D
@@ -44,9 +61,18 @@ Prior default_prior(Covariance cov, int dim, int n_components);
 // q(pi) q(mu, Lambda): Bishop (10.57)-(10.63). The Wishart scale is held as W_k^-1, the form
 // the update produces (and the natural parameter SVI interpolates); W_k itself is derived.
 struct Posterior {
-  Eigen::VectorXd alpha, beta, nu;     // K
+  Eigen::VectorXd alpha;               // K, Dirichlet weights (empty with stick-breaking)
+  Eigen::VectorXd stick_a, stick_b;    // K each, q(v_k) = Beta(a_k, b_k) (stick-breaking only)
+  Eigen::VectorXd beta, nu;            // K
   RowMatrix m;                         // K x D
   std::vector<Eigen::MatrixXd> W_inv;  // K of (D x D) full, or (D x 1) diag
+};
+
+// Maximum-likelihood parameters (EM): sklearn GaussianMixture's weights_, means_, covariances_.
+struct MlParams {
+  Eigen::VectorXd weights;                   // K
+  RowMatrix means;                           // K x D
+  std::vector<Eigen::MatrixXd> covariances;  // K of (D x D) full, or (D x 1) diag
 };
 
 class Model;
@@ -61,6 +87,9 @@ class Stats {
   std::span<const double> buffer() const { return buf_; }
   void set_zero() { std::fill(buf_.begin(), buf_.end(), 0.0); }
   Stats& operator+=(const Stats& o);
+  Stats& operator*=(double a);
+  // this = (1 - rho) this + rho o: the SVI step in statistic coordinates (seed eq. 2.50).
+  void interpolate(const Stats& o, double rho);
 
   int dim() const { return dim_; }
   int n_components() const { return k_; }
@@ -90,11 +119,14 @@ class Stats {
 
 class Model {
  public:
-  Model(Covariance cov, int n_components, Prior prior, Eigen::VectorXd shift);
+  Model(Covariance cov, int n_components, Prior prior, Eigen::VectorXd shift,
+        Estimator est = Estimator::kVariational, double reg_covar = 0.0);
 
   Covariance covariance() const { return cov_; }
   int dim() const { return static_cast<int>(shift_.size()); }
   int n_components() const { return k_; }
+  Estimator estimator() const { return est_; }
+  double reg_covar() const { return reg_covar_; }
   const Prior& prior() const { return prior_; }
   const Posterior& posterior() const { return post_; }
   const Eigen::VectorXd& shift() const { return shift_; }
@@ -107,29 +139,53 @@ class Model {
   // space), their statistics added into stats. If resp_out is given it receives r (n x K).
   void local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out = nullptr) const;
 
-  // M-step from summed statistics (Bishop 10.58, 10.60-10.63, in natural-parameter form).
-  // Throws caviar::Error if a component's scale matrix is not positive definite.
+  // M-step from summed statistics (Bishop 10.58, 10.60-10.63, in natural-parameter form), or
+  // the maximum-likelihood M-step for EM (Bishop 9.24-9.26 with reg_covar added to Sigma_k).
+  // The variational posterior is an affine function of the statistics, so SVI's natural-gradient
+  // step on lambda is the same step on the statistics fed to update (seed eq. 2.50, 2.53).
+  // Throws caviar::Error if a component's scale or covariance is not positive definite.
   void update(const Stats& stats);
+
+  // <g, h> of two directions given as statistic differences, measured in the natural parameters
+  // of q(pi) q(mu, Lambda) they induce: the inner product of the adaptive learning rate
+  // (seed eqs 2.55-2.57). log_norm and rows are not natural parameters and are ignored.
+  double natural_inner(const Stats& g, const Stats& h) const;
 
   // Replaces the posterior (e.g. read from a model file) and recomputes the cached expectations.
   void set_posterior(Posterior post);
+  // EM: replaces the point estimate.
+  void set_ml_params(MlParams p);
+  const MlParams& ml_params() const { return ml_; }
+
+  // The objective the driver tracks: the ELBO (variational) or the log-likelihood
+  // sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k) (EM), from local_step statistics.
+  double objective(const Stats& stats) const;
 
   // The ELBO of the current posterior with the optimal responsibilities. stats must come from
   // local_step under this posterior (their log_norm is the data term): Bishop (10.70)-(10.77).
   double elbo(const Stats& stats) const;
 
-  // Sum over rows of the log posterior predictive density, a Student-t mixture (seed eq. 1.73).
+  // Sum over rows of the log posterior predictive density, a Student-t mixture (seed eq. 1.73);
+  // for EM the log-likelihood of the rows.
   double log_predictive_sum(const RowMatrix& x) const;
 
-  // Expected weights E[pi_k], means m_k, and covariances (E[Lambda_k])^-1 = W_k^-1 / nu_k (the
-  // convention of scikit-learn's BayesianGaussianMixture.covariances_).
+  // Expected weights E[pi_k] (stick-breaking: renormalised over the K components, as
+  // scikit-learn), means m_k, and covariances (E[Lambda_k])^-1 = W_k^-1 / nu_k (the convention
+  // of scikit-learn's BayesianGaussianMixture.covariances_). EM: the point estimates.
   Eigen::VectorXd weights() const;
+  RowMatrix means() const;
   std::vector<Eigen::MatrixXd> covariances() const;
+  // EM: sklearn's precisions_cholesky_ (full: upper P_k with P_k P_k^T = Sigma_k^-1; diag: D x 1
+  // of 1/sigma_kd).
+  std::vector<Eigen::MatrixXd> precisions_cholesky() const;
   // W_k = P_k P_k^T, from the Cholesky factor (no inverse of W_k^-1 is formed).
   std::vector<Eigen::MatrixXd> scale_matrices() const;
 
  private:
-  void refresh();  // recompute the cached expectations below from post_
+  void refresh();     // recompute the cached expectations below from post_
+  void refresh_ml();  // the same from ml_
+  void update_ml(const Stats& stats);
+  double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
   // Per-row log rho_nk (seed eq. 1.42 with 1.58-1.60) for rows [r0, r1) of x into out (n x K).
   void log_rho(const RowMatrix& x, Eigen::Index r0, Eigen::Index r1, RowMatrix& out) const;
 
@@ -137,13 +193,20 @@ class Model {
   int k_;
   Prior prior_;
   Eigen::VectorXd shift_;
+  Estimator est_;
+  double reg_covar_;
   Posterior post_;
-  // Cached from post_ by refresh():
-  Eigen::VectorXd e_log_pi_;                // E[ln pi_k], seed eq. 1.59
+  MlParams ml_;
+  // Cached from post_ by refresh() (or from ml_ by refresh_ml()):
+  //   ln rho_nk = log_rho_base_k - quad_scale_k / 2 ||(x_n - m_k)^T P_k||^2.
+  Eigen::VectorXd log_rho_base_;            // per-component constant of ln rho_nk
+  Eigen::VectorXd quad_scale_;              // nu_k (variational) or 1 (EM)
+  Eigen::VectorXd e_log_pi_;                // E[ln pi_k], seed eq. 1.59 (EM: ln pi_k)
   Eigen::VectorXd e_logdet_;                // E[ln |Lambda_k|], seed eq. 1.60
   Eigen::VectorXd logdet_w_;                // ln |W_k|
   std::vector<Eigen::MatrixXd> prec_chol_;  // full: upper P_k = L_k^-T with P_k P_k^T = W_k
-  RowMatrix w_diag_;                        // diag: W_kd (K x D)
+                                            // (EM: = Sigma_k^-1)
+  RowMatrix w_diag_;                        // diag: W_kd (K x D) (EM: 1/sigma_kd^2)
   RowMatrix m_shifted_;                     // m_k - c (K x D)
 };
 

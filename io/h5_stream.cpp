@@ -1,0 +1,101 @@
+#include "io/h5_stream.hpp"
+
+#include <hdf5.h>
+
+#include <vector>
+
+#include "comm/mpi_native.hpp"
+#include "core/error.hpp"
+
+namespace caviar::io {
+
+namespace {
+
+struct Closer {
+  hid_t id;
+  herr_t (*close)(hid_t);
+  ~Closer() {
+    if (id >= 0) close(id);
+  }
+};
+
+void check(herr_t rc, const std::string& what) {
+  if (rc < 0) throw Error(what);
+}
+
+}  // namespace
+
+RowStream::RowStream(const Comm& comm, const DataRef& ref, MatrixShape shape)
+    : comm_(comm), ref_(ref), shape_(shape) {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  comm.agree([&] {
+    Closer fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
+    check(H5Pset_fapl_mpio(fapl.id, native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
+    file_ = H5Fopen(ref.file.c_str(), H5F_ACC_RDONLY, fapl.id);
+    if (file_ < 0) throw Error("cannot open HDF5 file '" + ref.file + "'");
+    dset_ = H5Dopen2(file_, ref.path.c_str(), H5P_DEFAULT);
+    if (dset_ < 0) throw Error("cannot open dataset " + ref.str());
+  });
+}
+
+RowStream::~RowStream() {
+  if (dset_ >= 0) H5Dclose(dset_);
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+RowMatrix RowStream::read_range(RowRange range) const {
+  std::vector<std::int64_t> none;
+  RowMatrix out(range.size(), shape_.cols);
+  comm_.agree([&] {
+    Closer fspace{H5Dget_space(dset_), H5Sclose};
+    const hsize_t count[2] = {static_cast<hsize_t>(range.size()),
+                              static_cast<hsize_t>(shape_.cols)};
+    Closer mspace{H5Screate_simple(2, count, nullptr), H5Sclose};
+    if (range.size() > 0) {
+      const hsize_t start[2] = {static_cast<hsize_t>(range.begin), 0};
+      check(H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, count, nullptr),
+            "cannot select rows of " + ref_.str());
+    } else {
+      H5Sselect_none(fspace.id);
+      H5Sselect_none(mspace.id);
+    }
+    Closer dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
+    H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);
+    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id, out.data()),
+          "cannot read rows of " + ref_.str());
+  });
+  return out;
+}
+
+RowMatrix RowStream::read_rows(std::span<const std::int64_t> rows) const {
+  RowMatrix out(static_cast<Eigen::Index>(rows.size()), shape_.cols);
+  comm_.agree([&] {
+    Closer fspace{H5Dget_space(dset_), H5Sclose};
+    const hsize_t mcount[2] = {static_cast<hsize_t>(rows.size()),
+                               static_cast<hsize_t>(shape_.cols)};
+    Closer mspace{H5Screate_simple(2, mcount, nullptr), H5Sclose};
+    H5Sselect_none(fspace.id);
+    if (rows.empty()) H5Sselect_none(mspace.id);
+    // Runs of consecutive rows become single blocks; appending blocks in increasing order keeps
+    // HDF5's union cheap. The memory selection is contiguous, in the same (increasing) order.
+    for (std::size_t i = 0; i < rows.size();) {
+      std::size_t j = i + 1;
+      while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+      if (rows[i] < 0 || rows[j - 1] >= shape_.rows || (i > 0 && rows[i] <= rows[i - 1]))
+        throw Error("internal: row selection out of range or unsorted in " + ref_.str());
+      const hsize_t start[2] = {static_cast<hsize_t>(rows[i]), 0};
+      const hsize_t count[2] = {static_cast<hsize_t>(j - i), static_cast<hsize_t>(shape_.cols)};
+      check(H5Sselect_hyperslab(fspace.id, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr,
+                                count, nullptr),
+            "cannot select rows of " + ref_.str());
+      i = j;
+    }
+    Closer dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
+    H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);
+    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id, out.data()),
+          "cannot read rows of " + ref_.str());
+  });
+  return out;
+}
+
+}  // namespace caviar::io
