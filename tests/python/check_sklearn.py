@@ -92,6 +92,24 @@ CASES = [
          estep="exact"),
     dict(name="diag_exactE_empty_N500_D3_K4", N=500, D=3, K=4, cov="diag", n=10, seed=17,
          estep="exact", empty=1),
+    # Dirichlet-process (truncated stick-breaking) weights: sklearn's
+    # weight_concentration_prior_type="dirichlet_process".
+    dict(name="dp_full_N600_D2_K5", N=600, D=2, K=5, cov="full", n=10, seed=21,
+         weights="stick-breaking"),
+    dict(name="dp_full_priors_N700_D4_K6", N=700, D=4, K=6, cov="full", n=10, seed=22,
+         weights="stick-breaking", priors=dict(alpha0=2.5, beta0=0.5, nu0=6.0)),
+    dict(name="dp_full_empty_N500_D3_K4", N=500, D=3, K=4, cov="full", n=10, seed=23,
+         weights="stick-breaking", empty=2),
+    dict(name="dp_diag_exactE_N600_D3_K4", N=600, D=3, K=4, cov="diag", n=10, seed=24,
+         weights="stick-breaking", estep="exact"),
+]
+
+# EM (maximum likelihood) against sklearn.mixture.GaussianMixture from the same
+# responsibilities: params after n iterations and the log-likelihood trace.
+EM_CASES = [
+    dict(name="em_full_N600_D3_K4", N=600, D=3, K=4, cov="full", n=15, seed=31, reg=1e-6),
+    dict(name="em_full_noreg_N500_D2_K3", N=500, D=2, K=3, cov="full", n=10, seed=32, reg=0.0),
+    dict(name="em_diag_N700_D5_K3", N=700, D=5, K=3, cov="diag", n=15, seed=33, reg=1e-4),
 ]
 
 
@@ -134,7 +152,9 @@ def sklearn_run(c, X, resp):
     pr = case_priors(c)
     est = BayesianGaussianMixture(
         n_components=K, covariance_type=ct,
-        weight_concentration_prior_type="dirichlet_distribution",
+        weight_concentration_prior_type=("dirichlet_process"
+                                          if c.get("weights") == "stick-breaking"
+                                          else "dirichlet_distribution"),
         weight_concentration_prior=pr["alpha0"], mean_precision_prior=pr["beta0"],
         mean_prior=np.zeros(D), degrees_of_freedom_prior=pr["nu0"],
         covariance_prior=np.eye(D) if ct == "full" else np.ones(D), reg_covar=0.0)
@@ -157,11 +177,13 @@ def sklearn_run(c, X, resp):
 def reference_run(c, X, resp, prior):
     """gmm_reference's own E/M iterations (no sklearn involved)."""
     ct = c["cov"]
-    post = gr.m_step(X, resp, prior, ct)
-    mk = lambda p: gr.make_model(p["alpha"], p["beta"], p["m"], p["W"], p["nu"], cov_type=ct, **prior)
+    w = c.get("weights", "dirichlet")
+    post = gr.m_step(X, resp, prior, ct, weights=w)
+    mk = lambda p: gr.make_model(None if p["sticks"] is not None else p["alpha"], p["beta"],
+                                 p["m"], p["W"], p["nu"], cov_type=ct, sticks=p["sticks"], **prior)
     traj = [mk(post)]
     for _ in range(c["n"]):
-        post = gr.m_step(X, gr.responsibilities(X, traj[-1]), prior, ct)
+        post = gr.m_step(X, gr.responsibilities(X, traj[-1]), prior, ct, weights=w)
         traj.append(mk(post))
     return traj
 
@@ -230,6 +252,8 @@ def run_caviar(args, c, casedir, xfile):
             "--covariance", c["cov"], "--init", xfile + ":/resp",
             "--max-iter", str(c["n"]), "--tol", "0", "--seed", "1",
             "--out", model, "--labels", labels]
+    if "weights" in c:
+        cmd += ["--weights", c["weights"]]
     if "priors" in c:
         p = case_priors(c)
         cmd += ["--alpha0", repr(p["alpha0"]), "--beta0", repr(p["beta0"]), "--nu0", repr(p["nu0"])]
@@ -329,12 +353,21 @@ def check_case(args, c):
     sk, rf = traj[-1], reft[-1]
     skp, rfp, cp = sk["posterior"], rf["posterior"], cm["posterior"]
     summary = {}
-    summary["weights"] = ch.arrays("weights", cm["weights"], skp["alpha"] / skp["alpha"].sum(),
-                                   rfp["alpha"] / rfp["alpha"].sum())
+    if c.get("weights") == "stick-breaking":
+        # sklearn's own expected weights (weights_, set by _set_parameters)
+        est._set_parameters(est._get_parameters())
+        summary["weights"] = ch.arrays("weights", cm["weights"], est.weights_,
+                                       gr.expected_weights(rfp))
+        ch.arrays("posterior/sticks", cp["sticks"], skp["sticks"], rfp["sticks"])
+    else:
+        summary["weights"] = ch.arrays("weights", cm["weights"], skp["alpha"] / skp["alpha"].sum(),
+                                       rfp["alpha"] / rfp["alpha"].sum())
     summary["means"] = ch.arrays("means", cm["means"], est.means_, rfp["m"])
     summary["covariances"] = ch.arrays("covariances", cm["covariances"], est.covariances_,
                                        gr.expected_covariances(rf))
     for k in ("alpha", "beta", "m", "nu", "W"):
+        if k == "alpha" and c.get("weights") == "stick-breaking":
+            continue
         ch.arrays("posterior/" + k, cp[k], skp[k], rfp[k])
     for k in ("alpha0", "beta0", "nu0"):
         ch.scalar("prior/" + k, float(cm["prior"][k]), float(prior[k]), 1e-15)
@@ -434,6 +467,63 @@ def check_case(args, c):
     return ch, summary
 
 
+def check_em_case(args, c):
+    """caviar gmm fit --algorithm em vs GaussianMixture driven by hand:
+    est._initialize(X, resp); n x (_e_step, _m_step). Compares weights_,
+    means_, covariances_, precisions_cholesky_ (rtol 1e-8) and the whole
+    log-likelihood trace (est.score(X) * N after the initial M-step and after
+    every iteration; rel 1e-9), which must also never decrease."""
+    from sklearn.mixture import GaussianMixture
+    casedir = os.path.join(args.workdir, c["name"])
+    os.makedirs(casedir, exist_ok=True)
+    X, resp = make_case_data(c)
+    N = X.shape[0]
+    xfile = os.path.join(casedir, "x.h5")
+    with h5py.File(xfile, "w") as f:
+        f["X"] = X
+        f["resp"] = resp
+    ch = Checks()
+    est = GaussianMixture(n_components=c["K"], covariance_type=c["cov"], reg_covar=c["reg"])
+    est._initialize(X, resp)
+    ll = [est.score(X) * N]
+    for _ in range(c["n"]):
+        _, log_resp = est._e_step(X)
+        est._m_step(X, log_resp)
+        ll.append(est.score(X) * N)
+    ll = np.array(ll)
+    est._set_parameters(est._get_parameters())  # sets precisions_ as fit() would
+    model = os.path.join(casedir, "model.h5")
+    if os.path.exists(model):
+        os.remove(model)
+    cmd = mpirun_prefix(args) + [args.caviar, "gmm", "fit", "--algorithm", "em",
+            "--data", xfile + ":/X", "--components", str(c["K"]), "--covariance", c["cov"],
+            "--init", xfile + ":/resp", "--max-iter", str(c["n"]), "--tol", "0",
+            "--reg-covar", repr(c["reg"]), "--out", model]
+    pr = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if pr.returncode != 0:
+        ch.add("caviar_run", False, "exit %d: %s" % (pr.returncode, pr.stderr[-2000:]))
+        return ch, {}
+    summary = {}
+    with h5py.File(model, "r") as f:
+        summary["weights"] = ch.arrays("weights", f["weights"][...], est.weights_)
+        summary["means"] = ch.arrays("means", f["means"][...], est.means_)
+        summary["covariances"] = ch.arrays("covariances", f["covariances"][...], est.covariances_)
+        ch.arrays("precisions_cholesky", f["precisions_cholesky"][...], est.precisions_cholesky_)
+        ch.arrays("precisions", f["precisions"][...], est.precisions_)
+        trace = f["trace/log_likelihood"][...]
+        lb = float(_attr(f.attrs, "lower_bound"))
+        ch.add("algorithm attr", _attr(f.attrs, "algorithm") == "em", str(_attr(f.attrs, "algorithm")))
+    ok = trace.shape == ll.shape
+    rel = float(np.max(np.abs(trace - ll) / np.abs(ll))) if ok else math.inf
+    ch.add("log-likelihood trace vs sklearn", ok and rel <= ELBO_RTOL,
+           "T=%d expected %d, max rel=%.2e" % (trace.size, ll.size, rel))
+    summary["elbo"] = ch.scalar("lower_bound (mean loglik) vs sklearn score", lb, ll[-1] / N, ELBO_RTOL)
+    d = np.diff(trace)
+    ch.add("log-likelihood non-decreasing", d.min() >= -MONO_RTOL * np.abs(trace).max(),
+           "min step=%.3e" % d.min())
+    return ch, summary
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Cross-check caviar gmm fit against sklearn.")
     ap.add_argument("caviar", metavar="CAVIAR_BIN")
@@ -460,11 +550,11 @@ def main(argv=None):
     print("check_sklearn: caviar=%s ranks=%d threads=%s rtol=%g elbo_rtol=%g gmm-score=%s"
           % (args.caviar, args.ranks, args.threads, RTOL, ELBO_RTOL,
              "checked" if args.has_score else "absent, skipped"))
-    for c in CASES:
+    for c in CASES + EM_CASES:
         if args.only and args.only not in c["name"]:
             continue
         ncase += 1
-        ch, s = check_case(args, c)
+        ch, s = check_em_case(args, c) if c["name"].startswith("em_") else check_case(args, c)
         status = "PASS" if ch.ok else "FAIL"
         nfail += 0 if ch.ok else 1
         fmt = lambda k: ("%.1e" % s[k]) if k in s else "n/a"

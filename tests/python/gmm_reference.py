@@ -98,10 +98,16 @@ def _attr_str(v):
     return str(v)
 
 
-def make_model(alpha, beta, m, W, nu, alpha0, beta0, m0, W0, nu0, cov_type):
-    """Build a model dict from arrays (all converted to float64)."""
+def make_model(alpha, beta, m, W, nu, alpha0, beta0, m0, W0, nu0, cov_type, sticks=None):
+    """Build a model dict from arrays (all converted to float64).
+    Stick-breaking (Dirichlet-process) weights: alpha=None and sticks = (K,2)
+    array of the Beta(a_k, b_k) parameters of q(v_k); alpha0 is then the
+    concentration of the Beta(1, alpha0) prior on every stick."""
     f = lambda a: np.asarray(a, dtype=np.float64)
-    post = dict(alpha=f(alpha), beta=f(beta), m=f(m), W=f(W), nu=f(nu))
+    if sticks is not None:
+        sticks = f(sticks)
+        alpha = sticks[:, 0]  # placeholder for the shape check below; not used as Dirichlet
+    post = dict(alpha=f(alpha), beta=f(beta), m=f(m), W=f(W), nu=f(nu), sticks=sticks)
     prior = dict(alpha0=float(alpha0), beta0=float(beta0), m0=f(m0), W0=f(W0), nu0=float(nu0))
     K, D = post["m"].shape
     if cov_type not in ("full", "diag"):
@@ -129,9 +135,13 @@ def load_model(path):
             cov_type = _attr_str(attrs["covariance_type"])
         else:
             cov_type = "full" if W.ndim == 3 else "diag"
-        model = make_model(g["alpha"][...], g["beta"][...], g["m"][...], W, g["nu"][...],
+        sticks = None
+        if "stick_a" in g:
+            sticks = np.stack([g["stick_a"][...], g["stick_b"][...]], axis=1)
+        model = make_model(None if sticks is not None else g["alpha"][...], g["beta"][...],
+                           g["m"][...], W, g["nu"][...],
                            p["alpha0"][()], p["beta0"][()], p["m0"][...], p["W0"][...],
-                           p["nu0"][()], cov_type)
+                           p["nu0"][()], cov_type, sticks=sticks)
         model["attrs"] = attrs
         model["trace"] = np.asarray(f["trace/elbo"][...], dtype=np.float64) if "trace/elbo" in f else None
         for name in ("weights", "means", "covariances"):
@@ -172,6 +182,32 @@ def expected_log_pi(alpha):
     """E[ln pi_k] = psi(alpha_k) - psi(sum alpha)   (10.66)."""
     alpha = np.asarray(alpha, dtype=np.float64)
     return digamma(alpha) - digamma(alpha.sum())
+
+
+def expected_log_pi_sticks(sticks):
+    """Stick-breaking: E[ln pi_k] = E[ln v_k] + sum_{j<k} E[ln(1 - v_j)],
+    E[ln v] = psi(a) - psi(a+b), E[ln(1-v)] = psi(b) - psi(a+b) (Blei & Jordan 2006)."""
+    a, b = sticks[:, 0], sticks[:, 1]
+    elv = digamma(a) - digamma(a + b)
+    el1v = digamma(b) - digamma(a + b)
+    return elv + np.concatenate([[0.0], np.cumsum(el1v)[:-1]])
+
+
+def model_expected_log_pi(post):
+    if post.get("sticks") is not None:
+        return expected_log_pi_sticks(post["sticks"])
+    return expected_log_pi(post["alpha"])
+
+
+def expected_weights(post):
+    """E[pi_k]: alpha_k / sum alpha, or for sticks E[v_k] prod_{j<k} E[1-v_j]
+    renormalised over the K components (sklearn's weights_ convention)."""
+    if post.get("sticks") is None:
+        return post["alpha"] / post["alpha"].sum()
+    a, b = post["sticks"][:, 0], post["sticks"][:, 1]
+    ev = a / (a + b)
+    w = ev * np.concatenate([[1.0], np.cumprod(1.0 - ev)[:-1]])
+    return w / w.sum()
 
 
 def _logdet_spd(W):
@@ -255,7 +291,7 @@ def log_rho(X, model):
     D = X.shape[1]
     if D != model["D"]:
         raise ValueError("data has D=%d but the model has D=%d" % (D, model["D"]))
-    elogpi = expected_log_pi(post["alpha"])
+    elogpi = model_expected_log_pi(post)
     eld = expected_log_det(post["W"], post["nu"], ct)
     if ct == "diag":
         eld = eld.sum(axis=1)
@@ -274,7 +310,7 @@ def responsibilities(X, model, log=False):
 
 # ------------------------------------------------------------------ M-step
 
-def m_step(X, resp, prior, cov_type):
+def m_step(X, resp, prior, cov_type, weights="dirichlet"):
     """Posterior from responsibilities, PRML (10.51)-(10.53), (10.58)-(10.63).
     An empty component (N_k = 0) gets exactly the prior."""
     X = np.asarray(X, dtype=np.float64)
@@ -310,7 +346,11 @@ def m_step(X, resp, prior, cov_type):
             W[k] = 0.5 * (W[k] + W[k].T)
         else:
             W[k] = 1.0 / Winv
-    return dict(alpha=alpha, beta=beta, m=m, W=W, nu=nu)
+    sticks = None
+    if weights == "stick-breaking":
+        tail = np.concatenate([np.cumsum(Nk[::-1])[::-1][1:], [0.0]])   # sum_{j>k} N_j
+        sticks = np.stack([1.0 + Nk, a0 + tail], axis=1)
+    return dict(alpha=alpha, beta=beta, m=m, W=W, nu=nu, sticks=sticks)
 
 
 # -------------------------------------------------------------------- ELBO
@@ -323,11 +363,20 @@ def _theta_terms(model):
     alpha, beta, m, W, nu = post["alpha"], post["beta"], post["m"], post["W"], post["nu"]
     a0, b0, m0, W0, n0 = prior["alpha0"], prior["beta0"], prior["m0"], prior["W0"], prior["nu0"]
 
-    elogpi = expected_log_pi(alpha)
-    lnC0 = gammaln(K * a0) - K * gammaln(a0)
-    lnC = gammaln(alpha.sum()) - gammaln(alpha).sum()
-    e_ln_p_pi = lnC0 + (a0 - 1.0) * elogpi.sum()
-    e_ln_q_pi = ((alpha - 1.0) * elogpi).sum() + lnC
+    if post.get("sticks") is None:
+        elogpi = expected_log_pi(alpha)
+        lnC0 = gammaln(K * a0) - K * gammaln(a0)
+        lnC = gammaln(alpha.sum()) - gammaln(alpha).sum()
+        e_ln_p_pi = lnC0 + (a0 - 1.0) * elogpi.sum()
+        e_ln_q_pi = ((alpha - 1.0) * elogpi).sum() + lnC
+    else:
+        # sticks v_k ~ Beta(1, a0) a priori, q(v_k) = Beta(a_k, b_k)
+        a, b = post["sticks"][:, 0], post["sticks"][:, 1]
+        elv = digamma(a) - digamma(a + b)
+        el1v = digamma(b) - digamma(a + b)
+        lnB = gammaln(a) + gammaln(b) - gammaln(a + b)
+        e_ln_p_pi = np.sum(-(gammaln(1.0) + gammaln(a0) - gammaln(1.0 + a0)) + (a0 - 1.0) * el1v)
+        e_ln_q_pi = np.sum(-lnB + (a - 1.0) * elv + (b - 1.0) * el1v)
 
     dm = m - m0[None, :]
     if ct == "full":
@@ -392,7 +441,7 @@ def log_predictive(X, model):
     N, D = X.shape
     K = model["K"]
     alpha, beta, m, W, nu = post["alpha"], post["beta"], post["m"], post["W"], post["nu"]
-    logw = np.log(alpha) - math.log(alpha.sum())
+    logw = np.log(expected_weights(post))
     out = np.empty((N, K))
     for k in range(K):
         d = X - m[k]
@@ -436,9 +485,14 @@ def model_from_sklearn(est, cov_type=None):
         W0 = 1.0 / np.asarray(est.covariance_prior_, dtype=np.float64)
     else:
         raise ValueError("only full and diag are supported")
-    return make_model(est.weight_concentration_, est.mean_precision_, est.means_, W, nu,
+    sticks = None
+    alpha = est.weight_concentration_
+    if getattr(est, "weight_concentration_prior_type", "") == "dirichlet_process":
+        sticks = np.stack([np.asarray(c, dtype=np.float64) for c in est.weight_concentration_], axis=1)
+        alpha = None
+    return make_model(alpha, est.mean_precision_, est.means_, W, nu,
                       est.weight_concentration_prior_, est.mean_precision_prior_,
-                      est.mean_prior_, W0, est.degrees_of_freedom_prior_, ct)
+                      est.mean_prior_, W0, est.degrees_of_freedom_prior_, ct, sticks=sticks)
 
 
 # ---------------------------------------------------------------- selftest
