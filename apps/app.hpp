@@ -28,5 +28,6 @@ void add_prep_commands(CLI::App& app, Context& ctx);
 // lda fit|topics|score|export|import, plus `generate lda` and `prep text` into those groups (so
 // it must be called after add_generate_commands and add_prep_commands).
 void add_lda_commands(CLI::App& app, Context& ctx);
+void add_vae_commands(CLI::App& app, Context& ctx);
 
 }  // namespace caviar::app

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   app::add_generate_commands(cli, ctx);
   app::add_prep_commands(cli, ctx);
   app::add_lda_commands(cli, ctx);
+  app::add_vae_commands(cli, ctx);
 
   // Every rank parses the same arguments, so every rank reaches the same verdict.
   try {

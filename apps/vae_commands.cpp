@@ -1,0 +1,183 @@
+// caviar vae train | sample | reconstruct | manifold | encode
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "app.hpp"
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "inference/vae_driver.hpp"
+
+namespace caviar::app {
+
+namespace {
+
+// "512,256" -> {512, 256}
+std::vector<int> parse_widths(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw Error("--hidden must be a comma-separated list of widths, e.g. 512,256 (got '" + s +
+                  "')");
+    out.push_back(v);
+  }
+  if (out.empty()) throw Error("--hidden needs at least one width");
+  return out;
+}
+
+double json_number(double v) {
+  return std::isfinite(v) ? v : 0.0;
+}
+
+}  // namespace
+
+void add_vae_commands(CLI::App& cli, Context& ctx) {
+  auto* vae =
+      cli.add_subcommand("vae", "Variational autoencoder, data-parallel (seed section 4.3)");
+  vae->require_subcommand(1);
+
+  // train
+  auto o = std::make_shared<vae::TrainOptions>();
+  auto hidden = std::make_shared<std::string>("400");
+  auto* train = vae->add_subcommand("train", "Train a VAE by minibatch Adam on the ELBO");
+  train->add_option("--data", o->data, "Training data FILE.h5[:/path] (default path /X), N x D")
+      ->required();
+  train->add_option("--test", o->test, "Held-out FILE.h5[:/path], evaluated each epoch");
+  train->add_option("--hidden", *hidden, "Hidden widths, comma-separated (e.g. 512,256)")
+      ->capture_default_str();
+  train->add_option("--latent", o->latent, "Latent dimension Z")->capture_default_str();
+  train->add_option("--epochs", o->epochs, "Epochs (total, including resumed ones)")
+      ->capture_default_str();
+  train->add_option("--batch-size", o->batch_size, "Global minibatch size B (split over ranks)")
+      ->capture_default_str();
+  train->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();
+  train->add_option("--weight-decay", o->weight_decay, "L2 weight decay")->capture_default_str();
+  train->add_option("--samples", o->samples, "Reparameterised samples S per row")
+      ->capture_default_str();
+  train->add_option("--likelihood", o->likelihood, "bernoulli (data in [0,1]) | gaussian")
+      ->check(CLI::IsMember({"bernoulli", "gaussian"}))
+      ->capture_default_str();
+  train->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  train
+      ->add_option("--micro-blocks", o->micro_blocks,
+                   "Micro-blocks per batch: the unit of work per thread (results depend on it, "
+                   "not on the rank count)")
+      ->capture_default_str();
+  train
+      ->add_option("--reduction", o->reduction,
+                   "exact (int64 fixed point: identical at any rank count) | fast (double sums)")
+      ->check(CLI::IsMember({"exact", "fast"}))
+      ->capture_default_str();
+  train->add_option("--out", o->out, "Model file to write (HDF5)");
+  train->add_option("--checkpoint", o->checkpoint, "Checkpoint file written at every epoch end");
+  train->add_option("--resume", o->resume, "Continue from this checkpoint");
+  train->callback([&ctx, o, hidden] {
+    ctx.action = [&ctx, o, hidden] {
+      o->hidden = parse_widths(*hidden);
+      o->command = ctx.command_line;
+      o->version = CAVIAR_VERSION;
+      print_progress(ctx, "caviar vae train: " + o->data + ", hidden " + *hidden + ", latent " +
+                              std::to_string(o->latent) + ", batch " +
+                              std::to_string(o->batch_size) + ", " +
+                              std::to_string(ctx.comm->size()) + " ranks x " +
+                              std::to_string(max_threads()) + " threads");
+      const auto r = vae::train(*ctx.comm, *o, [&ctx](const vae::EpochReport& e) {
+        char line[200];
+        std::snprintf(line, sizeof line,
+                      "epoch %3d/%d  train elbo %10.3f  test elbo %10.3f  %7.2fs  %8.0f rows/s",
+                      e.epoch, e.epochs, e.train_elbo, e.test_elbo, e.seconds, e.rows_per_second);
+        print_progress(ctx, line);
+      });
+      if (!o->out.empty()) print_progress(ctx, "wrote model " + o->out);
+      nlohmann::ordered_json j;
+      j["train_elbo"] = json_number(r.train_elbo);
+      if (!o->test.empty()) j["test_elbo"] = json_number(r.test_elbo);
+      j["epochs"] = r.epochs;
+      j["steps"] = r.steps;
+      j["seconds"] = r.seconds;
+      j["seconds_compute"] = r.compute_seconds;
+      j["seconds_reduce"] = r.reduce_seconds;
+      j["seconds_update"] = r.update_seconds;
+      j["seconds_eval"] = r.eval_seconds;
+      j["n"] = r.n;
+      j["ranks"] = ctx.comm->size();
+      j["threads"] = max_threads();
+      print_summary(ctx, j);
+    };
+  });
+
+  // sample | reconstruct | manifold share the image options.
+  auto img = std::make_shared<vae::ImageOptions>();
+  auto n = std::make_shared<int>(64);
+  auto data = std::make_shared<std::string>();
+  auto grid = std::make_shared<int>(20);
+  auto add_image_options = [img](CLI::App* c) {
+    c->add_option("--model", img->model, "Model file written by vae train")->required();
+    c->add_option("--png", img->png, "PNG grid to write (rendered by scripts/plot_vae.py)");
+    c->add_option("--out", img->images_out, "HDF5 file for the pixel arrays (/images)");
+  };
+  auto report = [&ctx, img](std::int64_t count) {
+    nlohmann::ordered_json j;
+    j["images"] = count;
+    if (!img->png.empty()) j["png"] = img->png;
+    if (!img->images_out.empty()) j["out"] = img->images_out;
+    print_summary(ctx, j);
+  };
+
+  auto* sample = vae->add_subcommand("sample", "Decode z ~ N(0, I) into a grid of images");
+  add_image_options(sample);
+  sample->add_option("--n", *n, "Number of samples")->capture_default_str();
+  sample->add_option("--seed", img->seed, "Random seed")->capture_default_str();
+  sample->callback([&ctx, img, n, report] {
+    ctx.action = [&ctx, img, n, report] { report(vae::sample(*ctx.comm, *img, *n)); };
+  });
+
+  auto* recon =
+      vae->add_subcommand("reconstruct", "First rows of a dataset and their reconstructions");
+  add_image_options(recon);
+  recon->add_option("--data", *data, "Data FILE.h5[:/path]")->required();
+  auto n_rows = std::make_shared<int>(20);
+  recon->add_option("--n", *n_rows, "Number of rows")->capture_default_str();
+  recon->callback([&ctx, img, n_rows, data, report] {
+    ctx.action = [&ctx, img, n_rows, data, report] {
+      report(vae::reconstruct(*ctx.comm, *img, *data, *n_rows));
+    };
+  });
+
+  auto* manifold =
+      vae->add_subcommand("manifold", "Decoded latent grid of a Z=2 model (seed Fig 4.6)");
+  add_image_options(manifold);
+  manifold->add_option("--grid", *grid, "Grid points per axis")->capture_default_str();
+  manifold->callback([&ctx, img, grid, report] {
+    ctx.action = [&ctx, img, grid, report] { report(vae::manifold(*ctx.comm, *img, *grid)); };
+  });
+
+  // encode
+  auto model = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto* enc = vae->add_subcommand("encode", "Write each row's posterior mean and log-variance");
+  enc->add_option("--model", *model, "Model file written by vae train")->required();
+  enc->add_option("--data", *data, "Data FILE.h5[:/path]")->required();
+  enc->add_option("--out", *out, "Output HDF5 (/mu, /logvar: N x Z float32)")->required();
+  enc->callback([&ctx, model, data, out] {
+    ctx.action = [&ctx, model, data, out] {
+      const auto rows = vae::encode(*ctx.comm, *model, *data, *out);
+      nlohmann::ordered_json j;
+      j["n"] = rows;
+      j["out"] = *out;
+      print_summary(ctx, j);
+    };
+  });
+}
+
+}  // namespace caviar::app

@@ -1,0 +1,89 @@
+#pragma once
+// Data-parallel VAE training and the commands that use a trained model. The driver owns data,
+// communication and files; the model (models/vae) never sees MPI or HDF5.
+//
+// Rank-count independence: the global minibatch comes from a permutation keyed by (seed, epoch);
+// it is cut into micro-blocks whose layout depends only on the batch size, and each rank computes
+// the gradients of a contiguous run of whole micro-blocks (one thread per micro-block). Noise is
+// keyed by (seed, global row, step). The micro-block gradients are summed exactly in int64 fixed
+// point (see models/vae/vae.hpp), so the parameters after any number of steps are bitwise the
+// same at any rank and thread count.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "models/vae/vae.hpp"
+
+namespace caviar::vae {
+
+struct TrainOptions {
+  std::string data;  // FILE.h5[:/path], N x D
+  std::string test;  // optional held-out set, evaluated at every epoch end
+  std::vector<int> hidden{400};
+  int latent = 20;
+  int epochs = 10;
+  int batch_size = 100;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  int samples = 1;  // S, reparameterised samples per row
+  std::string likelihood = "bernoulli";
+  std::uint64_t seed = 0;
+  int micro_blocks = 4;             // micro-blocks per global batch (independent of the ranks)
+  std::string reduction = "exact";  // exact (int64 fixed point) | fast (double, rank-dependent)
+  std::string out;                  // model file ("" = none)
+  std::string checkpoint;           // written at every epoch end ("" = none)
+  std::string resume;               // checkpoint to continue from ("" = start afresh)
+  std::string command, version;     // provenance
+};
+
+struct EpochReport {
+  int epoch = 0, epochs = 0;
+  double train_elbo = 0;       // mean over the epoch's minibatches, nats per row
+  double test_elbo = 0;        // NaN without --test
+  double seconds = 0;          // this epoch, training and evaluation
+  double rows_per_second = 0;  // training rows per second of training time
+};
+
+struct TrainResult {
+  double train_elbo = 0, test_elbo = 0;
+  int epochs = 0;
+  std::int64_t steps = 0, n = 0;
+  double seconds = 0;
+  // Where the time went, summed over epochs (rank 0's clock).
+  double compute_seconds = 0, reduce_seconds = 0, update_seconds = 0, eval_seconds = 0;
+  std::vector<double> train_trace, test_trace;
+  ParamVec params;
+};
+
+using EpochProgress = std::function<void(const EpochReport&)>;
+TrainResult train(const Comm& comm, const TrainOptions& opt, const EpochProgress& progress);
+
+struct LoadedModel {
+  Layout layout;
+  ParamVec params;
+};
+// Collective: every rank reads the (small) model file written by train.
+LoadedModel load_model(const Comm& comm, const std::string& file);
+
+// Image-producing commands: write the pixel means to `images_out` (HDF5: /images, n x D, with
+// the grid shape as attributes) and, if png is non-empty, render it with scripts/plot_vae.py.
+struct ImageOptions {
+  std::string model;
+  std::string png;         // "" = no PNG
+  std::string images_out;  // "" = a temporary file next to the PNG
+  std::uint64_t seed = 0;
+};
+// n decoded samples z ~ N(0, I).
+std::int64_t sample(const Comm& comm, const ImageOptions& o, int n);
+// The first n rows of data and their reconstructions (decoder mean at z = mu).
+std::int64_t reconstruct(const Comm& comm, const ImageOptions& o, const std::string& data, int n);
+// Latent 2 only: the decoded grid z = (Phi^-1(p_j), Phi^-1(p_i)), p = (k + 1/2) / grid.
+std::int64_t manifold(const Comm& comm, const ImageOptions& o, int grid);
+
+// /mu and /logvar (N x Z, float32) of every row of data, each rank writing its own rows.
+std::int64_t encode(const Comm& comm, const std::string& model, const std::string& data,
+                    const std::string& out);
+
+}  // namespace caviar::vae

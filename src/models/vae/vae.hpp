@@ -1,0 +1,254 @@
+#pragma once
+// The VAE of seed thesis section 4.3 (Kingma & Welling 2014): an MLP encoder
+// x -> ReLU hidden layers -> (mu, log sigma^2) (seed eq. 4.28), S reparameterised samples, an MLP
+// decoder z -> ReLU hidden layers -> Bernoulli logits (eq. 4.27) or Gaussian mean and log-variance,
+// and the ELBO with the analytic KL (eqs. 4.29-4.31). No MPI and no HDF5 here: the driver
+// (src/inference/vae_driver.cpp) owns data, communication and files.
+//
+// All parameters live in one contiguous buffer, gradients in another of the same layout, so that
+// the data-parallel driver reduces one buffer per step.
+#include <Eigen/Core>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/vae/layers.hpp"
+
+namespace caviar::vae {
+
+enum class Likelihood { kBernoulli, kGaussian };
+Likelihood parse_likelihood(const std::string& s);
+std::string to_string(Likelihood l);
+
+struct Architecture {
+  int input_dim = 0;
+  std::vector<int> hidden;  // encoder hidden widths; the decoder uses them in reverse order
+  int latent = 0;
+  Likelihood likelihood = Likelihood::kBernoulli;
+};
+
+// One dense layer's place in the parameter buffer: W (out x in, row-major) at offset w, then b
+// (out) at offset b. A layer with several parts (the encoder's mu and log-variance heads) splits
+// its rows evenly between them; each part is saved under its own name.
+struct Dense {
+  std::vector<std::string> parts;
+  int in = 0, out = 0;
+  std::int64_t w = 0, b = 0;
+};
+
+// Parameter and gradient buffers: aligned to Eigen's largest packet (64 bytes with AVX-512).
+using ParamVec = std::vector<float, Eigen::aligned_allocator<float>>;
+
+// Every W and b starts at a multiple of kParamAlign entries, so with an aligned buffer every
+// layer's Map is aligned too. Eigen picks vectorised or scalar code paths (whose rounding differs)
+// from the destination's alignment: equal alignment in every buffer on every rank is part of
+// what makes the results bitwise reproducible. The padding entries stay zero.
+inline constexpr std::int64_t kParamAlign = 16;
+
+struct Layout {
+  Architecture arch;
+  std::vector<Dense> encoder;  // hidden layers, then the (mu, logvar) head
+  std::vector<Dense> decoder;  // hidden layers, then the output layer
+  std::int64_t n_params = 0;
+
+  // Throws caviar::Error for an impossible architecture (dims < 1).
+  explicit Layout(const Architecture& a);
+  std::vector<const Dense*> layers() const;
+  int latent() const { return arch.latent; }
+  int input_dim() const { return arch.input_dim; }
+};
+
+// Xavier/Glorot uniform weights, U(-a, a) with a = sqrt(6 / (in + out)), zero biases. Draws are
+// keyed by (seed, parameter index), so every rank builds the same initial buffer.
+ParamVec xavier_init(const Layout& layout, std::uint64_t seed);
+
+// Adam (Kingma & Ba 2015) with PyTorch's conventions: bias-corrected step lr / (1 - b1^t) and
+// denominator sqrt(v) / sqrt(1 - b2^t) + eps; optional L2 weight decay added to the gradient.
+struct AdamConfig {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+class Adam {
+ public:
+  Adam(AdamConfig cfg, std::int64_t n) : cfg_(cfg), m_(n, 0.0f), v_(n, 0.0f) {}
+  // One step on every parameter: begin_step() then update() of [0, n). The driver calls
+  // update() on disjoint ranges from several threads; each entry's arithmetic is the same.
+  void step(float* params, const float* g) {
+    begin_step();
+    update(params, g, 0, static_cast<std::int64_t>(m_.size()));
+  }
+  void begin_step();
+  void update(float* params, const float* g, std::int64_t begin, std::int64_t end);
+  std::int64_t steps() const { return t_; }
+  ParamVec& m() { return m_; }
+  ParamVec& v() { return v_; }
+  void set_steps(std::int64_t t) { t_ = t; }
+
+ private:
+  AdamConfig cfg_;
+  ParamVec m_, v_;
+  std::int64_t t_ = 0;
+  float step_size_ = 0, inv_sqrt_bc2_ = 0;
+};
+
+// Exact, order-independent summation of float gradients from many micro-blocks: each block's
+// gradient is converted to int64 fixed point with one scale 2^k shared by every block, and
+// integer sums are exact, so the total does not depend on which rank or thread added which block.
+// k is chosen from the largest |g| over all blocks so that n_terms such numbers cannot overflow.
+int fixed_point_exponent(double max_abs, std::int64_t n_terms);
+void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc);
+void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
+                      float* out);
+double max_abs(const float* g, std::int64_t n);
+
+// The standard normal quantile Phi^{-1}(p), 0 < p < 1 (for the manifold grid, seed Fig 4.6).
+double normal_quantile(double p);
+
+// Forward and backward passes over a block of rows, with workspaces reused between calls. One
+// instance per thread.
+template <class T>
+class Network {
+ public:
+  explicit Network(const Layout& layout) : layout_(&layout) {}
+
+  // x: D x n (one row per column); eps: Z x (n S), column i S + s is row i's sample s. Returns
+  // sum_i ELBO_i (eq. 4.31), writes per-row ELBOs to elbo_rows if given, and if grad is given
+  // writes the gradient of -sum_i ELBO_i into it (every entry, same layout as params).
+  double run(const T* params, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
+             Eigen::VectorXd* elbo_rows = nullptr);
+
+  // Encoder only: mu and log sigma^2, Z x n each.
+  void encode(const T* params, const Mat<T>& x, Mat<T>& mu, Mat<T>& logvar);
+  // Decoder only: the mean of p(x | z) for each column of z (sigmoid of the logits, or the
+  // Gaussian mean).
+  void decode_mean(const T* params, const Mat<T>& z, Mat<T>& mean);
+
+ private:
+  const Mat<T>& encoder_forward(const T* params, const Mat<T>& x);
+  const Mat<T>& decoder_forward(const T* params, const Mat<T>& z);
+
+  const Layout* layout_;
+  std::vector<Mat<T>> enc_a_, dec_a_;
+  Mat<T> head_, z_, out_, x_rep_, d_, d2_, dhead_, dmu_, dlv_;
+  Eigen::VectorXd ll_, kl_;
+};
+
+// ---- implementation ----
+
+template <class T>
+const Mat<T>& Network<T>::encoder_forward(const T* p, const Mat<T>& x) {
+  const auto& enc = layout_->encoder;
+  enc_a_.resize(enc.size() - 1);
+  const Mat<T>* in = &x;
+  for (std::size_t l = 0; l + 1 < enc.size(); ++l) {
+    dense_forward(p + enc[l].w, p + enc[l].b, enc[l].out, enc[l].in, *in, enc_a_[l]);
+    relu_forward(enc_a_[l]);
+    in = &enc_a_[l];
+  }
+  const Dense& h = enc.back();
+  dense_forward(p + h.w, p + h.b, h.out, h.in, *in, head_);
+  return head_;
+}
+
+template <class T>
+const Mat<T>& Network<T>::decoder_forward(const T* p, const Mat<T>& z) {
+  const auto& dec = layout_->decoder;
+  dec_a_.resize(dec.size() - 1);
+  const Mat<T>* in = &z;
+  for (std::size_t l = 0; l + 1 < dec.size(); ++l) {
+    dense_forward(p + dec[l].w, p + dec[l].b, dec[l].out, dec[l].in, *in, dec_a_[l]);
+    relu_forward(dec_a_[l]);
+    in = &dec_a_[l];
+  }
+  const Dense& o = dec.back();
+  dense_forward(p + o.w, p + o.b, o.out, o.in, *in, out_);
+  return out_;
+}
+
+template <class T>
+double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
+                       Eigen::VectorXd* elbo_rows) {
+  const int zdim = layout_->latent();
+  const Eigen::Index n = x.cols();
+  encoder_forward(p, x);
+  const auto mu = head_.topRows(zdim);
+  const auto lv = head_.bottomRows(zdim);
+  reparameterise<T>(mu, lv, eps, s, z_);
+  decoder_forward(p, z_);
+
+  // x repeated for each of the S samples (no copy when S = 1).
+  const Mat<T>* xr = &x;
+  if (s > 1) {
+    x_rep_.resize(x.rows(), n * s);
+    for (Eigen::Index i = 0; i < n; ++i)
+      for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
+    xr = &x_rep_;
+  }
+  // The likelihood term is averaged over the S samples (eq. 4.31), hence the 1/S scale.
+  const T inv_s = T(1) / T(s);
+  Mat<T>* dout = grad ? &d_ : nullptr;
+  if (layout_->arch.likelihood == Likelihood::kBernoulli)
+    bernoulli_loglik<T>(out_, *xr, ll_, inv_s, dout);
+  else
+    gaussian_loglik<T>(out_, *xr, ll_, inv_s, dout);
+  kl_standard_normal<T>(mu, lv, kl_, T(1), grad ? &dmu_ : nullptr, grad ? &dlv_ : nullptr);
+
+  // Per-row ELBO in double: -KL + (1/S) sum_s log p(x | z_s).
+  double total = 0;
+  if (elbo_rows) elbo_rows->resize(n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    double lik = 0;
+    for (int k = 0; k < s; ++k) lik += ll_(i * s + k);
+    const double e = lik / s - kl_(i);
+    if (elbo_rows) (*elbo_rows)(i) = e;
+    total += e;
+  }
+  if (!grad) return total;
+
+  // Backward through the decoder: d_ holds dL/d(output layer) for L = -sum_i ELBO_i.
+  const auto& dec = layout_->decoder;
+  for (std::size_t l = dec.size(); l-- > 0;) {
+    const Mat<T>& in = l == 0 ? z_ : dec_a_[l - 1];
+    dense_backward(p + dec[l].w, dec[l].out, dec[l].in, in, d_, grad + dec[l].w, grad + dec[l].b,
+                   &d2_);
+    d_.swap(d2_);
+    if (l > 0) relu_backward(dec_a_[l - 1], d_);
+  }
+  // d_ = dL/dz. Through the reparameterisation into dL/dmu, dL/dlv (KL gradients already there).
+  reparameterise_backward<T>(lv, eps, d_, s, dmu_, dlv_);
+  dhead_.resize(2 * zdim, n);
+  dhead_.topRows(zdim) = dmu_;
+  dhead_.bottomRows(zdim) = dlv_;
+  d_.swap(dhead_);
+  const auto& enc = layout_->encoder;
+  for (std::size_t l = enc.size(); l-- > 0;) {
+    const Mat<T>& in = l == 0 ? x : enc_a_[l - 1];
+    dense_backward(p + enc[l].w, enc[l].out, enc[l].in, in, d_, grad + enc[l].w, grad + enc[l].b,
+                   l == 0 ? nullptr : &d2_);
+    if (l > 0) {
+      d_.swap(d2_);
+      relu_backward(enc_a_[l - 1], d_);
+    }
+  }
+  return total;
+}
+
+template <class T>
+void Network<T>::encode(const T* p, const Mat<T>& x, Mat<T>& mu, Mat<T>& logvar) {
+  const int zdim = layout_->latent();
+  encoder_forward(p, x);
+  mu = head_.topRows(zdim);
+  logvar = head_.bottomRows(zdim);
+}
+
+template <class T>
+void Network<T>::decode_mean(const T* p, const Mat<T>& z, Mat<T>& mean) {
+  decoder_forward(p, z);
+  const Eigen::Index d = layout_->input_dim();
+  if (layout_->arch.likelihood == Likelihood::kBernoulli)
+    mean = (T(1) + (-out_.array()).exp()).inverse().matrix();
+  else
+    mean = out_.topRows(d);
+}
+
+}  // namespace caviar::vae

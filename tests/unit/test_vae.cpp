@@ -1,0 +1,376 @@
+// The VAE's layers and network against finite differences (in double) and closed forms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <numbers>
+#include <random>
+
+#include "core/error.hpp"
+#include "models/vae/vae.hpp"
+
+namespace caviar::vae {
+namespace {
+
+using MatD = Mat<double>;
+
+MatD random_mat(int r, int c, unsigned seed, double lo = -1, double hi = 1) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(lo, hi);
+  MatD m(r, c);
+  for (int j = 0; j < c; ++j)
+    for (int i = 0; i < r; ++i) m(i, j) = u(gen);
+  return m;
+}
+
+// Central differences of f with respect to every entry of v; compared with the analytic g.
+void expect_gradient(std::vector<double>& v, const std::function<double()>& f,
+                     const std::vector<double>& g, double tol, const std::string& what) {
+  ASSERT_EQ(v.size(), g.size());
+  const double h = 1e-6;
+  double worst = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const double keep = v[i];
+    v[i] = keep + h;
+    const double fp = f();
+    v[i] = keep - h;
+    const double fm = f();
+    v[i] = keep;
+    const double fd = (fp - fm) / (2 * h);
+    const double err = std::abs(fd - g[i]) / std::max(1.0, std::abs(fd));
+    worst = std::max(worst, err);
+    EXPECT_LT(err, tol) << what << " entry " << i << ": analytic " << g[i] << ", numeric " << fd;
+  }
+  // Guard against a vacuous pass: the gradient must not be identically zero.
+  double norm = 0;
+  for (double x : g) norm += x * x;
+  EXPECT_GT(norm, 1e-8) << what;
+}
+
+std::vector<double> to_vec(const MatD& m) {
+  return {m.data(), m.data() + m.size()};
+}
+MatD from_vec(const std::vector<double>& v, int r, int c) {
+  return Eigen::Map<const MatD>(v.data(), r, c);
+}
+
+TEST(VaeLayers, DenseBackwardMatchesFiniteDifferences) {
+  const int in = 5, out = 4, n = 3;
+  std::vector<double> w = to_vec(random_mat(out * in, 1, 1)), b = to_vec(random_mat(out, 1, 2));
+  std::vector<double> x = to_vec(random_mat(in, n, 3));
+  const MatD r = random_mat(out, n, 4);  // L = sum(r .* y)
+  auto loss = [&] {
+    MatD y;
+    dense_forward(w.data(), b.data(), out, in, from_vec(x, in, n), y);
+    return (r.array() * y.array()).sum();
+  };
+  std::vector<double> gw(w.size()), gb(b.size());
+  MatD dx;
+  dense_backward(w.data(), out, in, from_vec(x, in, n), r, gw.data(), gb.data(), &dx);
+  expect_gradient(w, loss, gw, 1e-7, "dW");
+  expect_gradient(b, loss, gb, 1e-7, "db");
+  expect_gradient(x, loss, to_vec(dx), 1e-7, "dx");
+}
+
+TEST(VaeLayers, ReluBackwardMatchesFiniteDifferences) {
+  // Inputs kept away from the kink at 0, where the derivative does not exist.
+  MatD in = random_mat(6, 4, 5, 0.1, 1.0);
+  for (int i = 0; i < in.size(); i += 2) in.data()[i] = -in.data()[i];
+  std::vector<double> x = to_vec(in);
+  const MatD r = random_mat(6, 4, 6);
+  auto loss = [&] {
+    MatD a = from_vec(x, 6, 4);
+    relu_forward(a);
+    return (r.array() * a.array()).sum();
+  };
+  MatD a = in;
+  relu_forward(a);
+  MatD d = r;
+  relu_backward(a, d);
+  expect_gradient(x, loss, to_vec(d), 1e-7, "relu");
+}
+
+TEST(VaeLayers, BernoulliLogLikelihoodClosedFormAndGradient) {
+  const int dim = 7, n = 3;
+  const MatD l = random_mat(dim, n, 7, -4, 4), x = random_mat(dim, n, 8, 0, 1);
+  Eigen::VectorXd ll;
+  MatD dl;
+  bernoulli_loglik<double>(l, x, ll, 0.5, &dl);
+  for (int j = 0; j < n; ++j) {
+    double ref = 0;  // seed eq. 4.27 with x_hat = sigmoid(l), computed the naive way
+    for (int i = 0; i < dim; ++i) {
+      const double xh = 1.0 / (1.0 + std::exp(-l(i, j)));
+      ref += x(i, j) * std::log(xh) + (1 - x(i, j)) * std::log(1 - xh);
+    }
+    EXPECT_NEAR(ll(j), ref, 1e-12);
+  }
+  std::vector<double> lv = to_vec(l);
+  auto loss = [&] {
+    Eigen::VectorXd v;
+    bernoulli_loglik<double>(from_vec(lv, dim, n), x, v, 1.0, nullptr);
+    return -0.5 * v.sum();
+  };
+  expect_gradient(lv, loss, to_vec(dl), 1e-7, "bernoulli");
+
+  // Stable in float at extreme logits where the naive form gives log(0).
+  Mat<float> lf(2, 1), xf(2, 1);
+  lf << 100.0f, -100.0f;
+  xf << 0.0f, 1.0f;
+  Mat<float> df;
+  bernoulli_loglik<float>(lf, xf, ll, 1.0f, &df);
+  EXPECT_NEAR(ll(0), -200.0, 1e-3);
+  EXPECT_TRUE(df.allFinite());
+  EXPECT_NEAR(df(0, 0), 1.0f, 1e-6);
+  EXPECT_NEAR(df(1, 0), -1.0f, 1e-6);
+}
+
+TEST(VaeLayers, GaussianLogLikelihoodClosedFormAndGradient) {
+  const int dim = 4, n = 2;
+  const MatD out = random_mat(2 * dim, n, 9, -1, 1), x = random_mat(dim, n, 10, -1, 2);
+  Eigen::VectorXd ll;
+  MatD dout;
+  gaussian_loglik<double>(out, x, ll, 1.0, &dout);
+  for (int j = 0; j < n; ++j) {
+    double ref = 0;
+    for (int i = 0; i < dim; ++i) {
+      const double m = out(i, j), var = std::exp(out(dim + i, j));
+      ref += std::log(std::exp(-0.5 * (x(i, j) - m) * (x(i, j) - m) / var) /
+                      std::sqrt(2 * std::numbers::pi * var));
+    }
+    EXPECT_NEAR(ll(j), ref, 1e-12);
+  }
+  std::vector<double> ov = to_vec(out);
+  auto loss = [&] {
+    Eigen::VectorXd v;
+    gaussian_loglik<double>(from_vec(ov, 2 * dim, n), x, v, 1.0, nullptr);
+    return -v.sum();
+  };
+  expect_gradient(ov, loss, to_vec(dout), 1e-7, "gaussian");
+}
+
+TEST(VaeLayers, KlMatchesSeedFormAndNumericalIntegral) {
+  const int z = 3, n = 2;
+  const MatD mu = random_mat(z, n, 11, -2, 2), lv = random_mat(z, n, 12, -1.5, 1.0);
+  Eigen::VectorXd kl;
+  MatD dmu, dlv;
+  kl_standard_normal<double>(mu, lv, kl, 1.0, &dmu, &dlv);
+  for (int j = 0; j < n; ++j) {
+    // Seed eq. 4.29: KL = E_q[log q] - E_q[log p], each in closed form.
+    double eq_logq = 0, eq_logp = 0, integral = 0;
+    for (int i = 0; i < z; ++i) {
+      const double m = mu(i, j), s2 = std::exp(lv(i, j)), s = std::sqrt(s2);
+      eq_logp += -0.5 * std::log(2 * std::numbers::pi) - 0.5 * (m * m + s2);
+      eq_logq += -0.5 * std::log(2 * std::numbers::pi) - 0.5 * (1 + std::log(s2));
+      // And the 1-D integral of q (log q - log p) by the trapezoid rule over mu +- 12 sigma.
+      const int steps = 20000;
+      const double lo = m - 12 * s, h = 24 * s / steps;
+      for (int k = 0; k <= steps; ++k) {
+        const double t = lo + k * h;
+        const double logq =
+            -0.5 * std::log(2 * std::numbers::pi * s2) - 0.5 * (t - m) * (t - m) / s2;
+        const double logp = -0.5 * std::log(2 * std::numbers::pi) - 0.5 * t * t;
+        integral += (k == 0 || k == steps ? 0.5 : 1.0) * h * std::exp(logq) * (logq - logp);
+      }
+    }
+    EXPECT_NEAR(kl(j), eq_logq - eq_logp, 1e-12);
+    EXPECT_NEAR(kl(j), integral, 1e-8);
+  }
+  std::vector<double> mv = to_vec(mu), lvv = to_vec(lv);
+  auto loss = [&] {
+    Eigen::VectorXd v;
+    kl_standard_normal<double>(from_vec(mv, z, n), from_vec(lvv, z, n), v, 1.0, nullptr, nullptr);
+    return v.sum();
+  };
+  expect_gradient(mv, loss, to_vec(dmu), 1e-7, "kl dmu");
+  expect_gradient(lvv, loss, to_vec(dlv), 1e-7, "kl dlv");
+}
+
+TEST(VaeLayers, ReparameterisationBackwardMatchesFiniteDifferences) {
+  const int z = 3, n = 2, s = 3;
+  std::vector<double> mv = to_vec(random_mat(z, n, 13)), lvv = to_vec(random_mat(z, n, 14));
+  const MatD eps = random_mat(z, n * s, 15, -2, 2), r = random_mat(z, n * s, 16);
+  auto loss = [&] {
+    MatD zz;
+    reparameterise<double>(from_vec(mv, z, n), from_vec(lvv, z, n), eps, s, zz);
+    return (r.array() * zz.array()).sum();
+  };
+  MatD dmu = MatD::Zero(z, n), dlv = MatD::Zero(z, n);
+  reparameterise_backward<double>(from_vec(lvv, z, n), eps, r, s, dmu, dlv);
+  expect_gradient(mv, loss, to_vec(dmu), 1e-7, "reparam dmu");
+  expect_gradient(lvv, loss, to_vec(dlv), 1e-7, "reparam dlv");
+}
+
+// The whole network: dL/dtheta for L = -sum_i ELBO_i, every parameter, both likelihoods and
+// several hidden layers and samples.
+void check_network(Likelihood lik, std::vector<int> hidden, int s) {
+  Architecture a{6, hidden, 2, lik};
+  const Layout layout(a);
+  const ParamVec pf = xavier_init(layout, 3);
+  std::vector<double> p(pf.begin(), pf.end());
+  // Non-zero biases so that their gradients are exercised away from a symmetric start.
+  for (const Dense* d : layout.layers())
+    for (int i = 0; i < d->out; ++i) p[d->b + i] = 0.1 * std::sin(1.0 + d->b + i);
+  const int n = 4;
+  const MatD x = lik == Likelihood::kBernoulli ? random_mat(6, n, 17, 0, 1) : random_mat(6, n, 17);
+  const MatD eps = random_mat(2, n * s, 18, -1.5, 1.5);
+  Network<double> net(layout);
+  std::vector<double> g(p.size());
+  Eigen::VectorXd rows;
+  const double total = net.run(p.data(), x, eps, s, g.data(), &rows);
+  EXPECT_NEAR(total, rows.sum(), 1e-10);
+  auto loss = [&] { return -net.run(p.data(), x, eps, s, nullptr); };
+  expect_gradient(p, loss, g, 1e-6, "network " + to_string(lik));
+}
+
+TEST(VaeNetwork, GradientMatchesFiniteDifferencesBernoulli) {
+  check_network(Likelihood::kBernoulli, {5, 4}, 2);
+}
+TEST(VaeNetwork, GradientMatchesFiniteDifferencesGaussian) {
+  check_network(Likelihood::kGaussian, {5}, 1);
+}
+TEST(VaeNetwork, GradientMatchesFiniteDifferencesNoHiddenLayer) {
+  check_network(Likelihood::kBernoulli, {}, 3);
+}
+
+TEST(VaeNetwork, LayoutOfTheSeedNetwork) {
+  const Layout l(Architecture{784, {400}, 20, Likelihood::kBernoulli});
+  std::int64_t used = 0;
+  for (const Dense* d : l.layers()) {
+    used += static_cast<std::int64_t>(d->in) * d->out + d->out;
+    EXPECT_EQ(d->w % kParamAlign, 0);
+    EXPECT_EQ(d->b % kParamAlign, 0);
+    EXPECT_GE(d->b, d->w + static_cast<std::int64_t>(d->in) * d->out);
+  }
+  EXPECT_EQ(used, (784 * 400 + 400) + (400 * 40 + 40) + (20 * 400 + 400) + (400 * 784 + 784));
+  EXPECT_GE(l.n_params, used);
+  EXPECT_LT(l.n_params, used + 8 * kParamAlign);
+  EXPECT_EQ(l.n_params % kParamAlign, 0);
+  ASSERT_EQ(l.encoder.size(), 2u);
+  EXPECT_EQ(l.encoder[1].parts, (std::vector<std::string>{"encoder/mu", "encoder/logvar"}));
+  EXPECT_THROW(Layout(Architecture{784, {400}, 0, Likelihood::kBernoulli}), Error);
+  EXPECT_THROW(Layout(Architecture{784, {0}, 2, Likelihood::kBernoulli}), Error);
+}
+
+TEST(VaeNetwork, XavierInitBoundsAndDeterminism) {
+  const Layout l(Architecture{30, {20}, 4, Likelihood::kBernoulli});
+  const auto p = xavier_init(l, 9), q = xavier_init(l, 9), r = xavier_init(l, 10);
+  EXPECT_EQ(p, q);
+  EXPECT_NE(p, r);
+  const Dense& d = l.encoder[0];
+  const double a = std::sqrt(6.0 / (30 + 20));
+  double sumsq = 0;
+  for (int i = 0; i < d.in * d.out; ++i) {
+    EXPECT_LE(std::abs(p[d.w + i]), a);
+    sumsq += p[d.w + i] * p[d.w + i];
+  }
+  // Variance of U(-a, a) is a^2 / 3.
+  EXPECT_NEAR(sumsq / (d.in * d.out), a * a / 3, 0.15 * a * a / 3);
+  for (int i = 0; i < d.out; ++i) EXPECT_EQ(p[d.b + i], 0.0f);
+}
+
+TEST(VaeAdam, FirstStepsMatchHandComputation) {
+  AdamConfig cfg;
+  cfg.lr = 0.1;
+  cfg.weight_decay = 0.5;
+  Adam adam(cfg, 2);
+  std::vector<float> p{1.0f, -2.0f};
+  std::vector<double> m(2, 0), v(2, 0), pd{1.0, -2.0};
+  const double grads[2][2] = {{0.3, -0.1}, {-0.2, 0.4}};
+  for (int t = 1; t <= 2; ++t) {
+    std::vector<float> g{static_cast<float>(grads[t - 1][0]), static_cast<float>(grads[t - 1][1])};
+    adam.step(p.data(), g.data());
+    for (int i = 0; i < 2; ++i) {
+      const double gi = grads[t - 1][i] + 0.5 * pd[i];
+      m[i] = 0.9 * m[i] + 0.1 * gi;
+      v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+      const double mh = m[i] / (1 - std::pow(0.9, t)), vh = v[i] / (1 - std::pow(0.999, t));
+      pd[i] -= 0.1 * mh / (std::sqrt(vh) + 1e-8);
+      // float32 state: a few ulps of the double-precision reference.
+      EXPECT_NEAR(p[i], pd[i], 4e-6 * std::abs(pd[i]));
+    }
+  }
+  EXPECT_EQ(adam.steps(), 2);
+}
+
+TEST(VaeFixedPoint, SumIsExactAndIndependentOfGrouping) {
+  // Eight "micro-block gradients" of very different magnitudes, added in two different groupings
+  // (as 1 rank or as 4 ranks of 2 blocks would): the integer totals must be bitwise equal.
+  const int n = 1000, blocks = 8;
+  std::mt19937_64 gen(3);
+  std::normal_distribution<float> z;
+  std::vector<std::vector<float>> g(blocks, std::vector<float>(n));
+  double mx = 0;
+  for (int b = 0; b < blocks; ++b)
+    for (int i = 0; i < n; ++i) {
+      g[b][i] = z(gen) * std::pow(10.0f, static_cast<float>((i % 7) - 3));
+      mx = std::max(mx, static_cast<double>(std::abs(g[b][i])));
+    }
+  const int e = fixed_point_exponent(mx, blocks);
+  std::vector<std::int64_t> one(n, 0);
+  for (int b = 0; b < blocks; ++b) add_fixed_point(g[b].data(), n, e, one.data());
+  std::vector<std::int64_t> total(n, 0);
+  for (int r = 3; r >= 0; --r) {  // "ranks" in reverse order, each with a partial sum
+    std::vector<std::int64_t> part(n, 0);
+    for (int b = 2 * r + 1; b >= 2 * r; --b) add_fixed_point(g[b].data(), n, e, part.data());
+    for (int i = 0; i < n; ++i) total[i] += part[i];
+  }
+  EXPECT_EQ(one, total);
+  std::vector<float> back(n);
+  from_fixed_point(one.data(), n, e, 2.0, back.data());
+  for (int i = 0; i < n; ++i) {
+    double ref = 0;
+    for (int b = 0; b < blocks; ++b) ref += g[b][i];
+    EXPECT_NEAR(back[i], ref / 2, 1e-6 * std::abs(ref) + 1e-15 * mx) << i;
+  }
+  // Headroom: the largest value times the number of terms must not overflow int64.
+  std::vector<float> big(1, static_cast<float>(mx));
+  std::vector<std::int64_t> acc(1, 0);
+  for (int b = 0; b < blocks; ++b) add_fixed_point(big.data(), 1, e, acc.data());
+  EXPECT_GT(acc[0], 0);
+  EXPECT_EQ(fixed_point_exponent(0.0, 4), 0);
+}
+
+TEST(VaeMath, NormalQuantile) {
+  EXPECT_NEAR(normal_quantile(0.975), 1.959963984540054, 1e-13);
+  EXPECT_NEAR(normal_quantile(0.5), 0.0, 1e-15);
+  for (double p : {1e-10, 1e-4, 0.01, 0.02425, 0.3, 0.77, 0.99, 1 - 1e-7}) {
+    const double x = normal_quantile(p);
+    EXPECT_NEAR(0.5 * std::erfc(-x / std::numbers::sqrt2), p, 1e-14 + 1e-12 * p) << p;
+  }
+  EXPECT_THROW(normal_quantile(0.0), Error);
+}
+
+// A small problem: two binary prototypes with pixel noise. Adam on the full ELBO must raise it.
+TEST(VaeTraining, ElboIncreasesOnASmallProblem) {
+  const int d = 16, n = 64, s = 1;
+  const Layout layout(Architecture{d, {12}, 2, Likelihood::kBernoulli});
+  ParamVec p = xavier_init(layout, 1);
+  std::mt19937_64 gen(5);
+  std::bernoulli_distribution flip(0.05);
+  std::normal_distribution<float> z;
+  Mat<float> x(d, n);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < d; ++i)
+      x(i, j) = static_cast<float>(((i < d / 2) == (j % 2 == 0)) ^ flip(gen));
+  AdamConfig cfg;
+  cfg.lr = 1e-2;
+  Adam adam(cfg, layout.n_params);
+  Network<float> net(layout);
+  std::vector<float> g(p.size());
+  Mat<float> eps(2, n * s);
+  double first = 0, last = 0;
+  for (int it = 0; it < 300; ++it) {
+    for (int i = 0; i < eps.size(); ++i) eps.data()[i] = z(gen);
+    const double elbo = net.run(p.data(), x, eps, s, g.data()) / n;
+    for (float& v : g) v /= n;
+    adam.step(p.data(), g.data());
+    if (it == 0) first = elbo;
+    last = elbo;
+  }
+  // The start is about -d log 2 = -11.1 nats; two clusters of 5%-noisy bits are worth far more.
+  EXPECT_LT(first, -9.0);
+  EXPECT_GT(last, -6.0);
+}
+
+}  // namespace
+}  // namespace caviar::vae
