@@ -1,0 +1,117 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""Time per CAVI iteration, caviar against scikit-learn's BayesianGaussianMixture, side by side in
+one run on the same generated data, and print the ratios.
+
+Both are timed per iteration from their own progress output, and the median is taken (robust to
+other processes on a shared machine): caviar's per-iteration lines (cumulative seconds, differenced)
+and sklearn's `verbose=2, verbose_interval=1` "time lapse" lines. Both times include the bound
+(ELBO) evaluation each iteration. sklearn runs with full covariance, the Dirichlet-distribution weight prior, tol=0 (so it runs every
+iteration) and numpy on whatever BLAS Debian's alternatives select (OpenBLAS-pthread when
+libopenblas0-pthread is installed) with OPENBLAS_NUM_THREADS threads.
+
+usage: compare_sklearn.py CAVIAR_BIN WORKDIR [--scale 0.1] [--shapes 0,1,2] [--threads 2]
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import warnings
+
+import h5py
+import numpy as np
+
+SHAPES = [(1_000_000, 2, 10), (200_000, 16, 20), (30_000, 192, 30)]
+# Iterations per timed fit: enough for a stable median, few enough to keep the run short.
+SKLEARN_ITERS = [6, 6, 4]
+CAVIAR_ITERS = [12, 12, 8]
+
+
+def mpirun(n):
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"] + extra
+
+
+def run(argv, env=None):
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(argv)}\n{r.stderr}")
+    return r
+
+
+def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init", "random",
+                            "--seed", "1", "--max-iter", str(iters), "--tol", "0",
+                            "--out", os.path.join(workdir, "caviar_model.h5")]
+    r = run(argv, env)
+    # "iter    3  elbo -6.0e+03  rel 1.8e-08     0.017s": seconds since the fit started.
+    t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", r.stderr, re.M)]
+    if len(t) != iters + 1:
+        sys.exit(f"could not read caviar's per-iteration times:\n{r.stderr}")
+    return float(np.median(np.diff(t))), json.loads(r.stdout.strip().splitlines()[-1])["elbo"]
+
+
+def sklearn_per_iter(x, k, iters):
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.mixture import BayesianGaussianMixture
+    est = BayesianGaussianMixture(
+        n_components=k, covariance_type="full",
+        weight_concentration_prior_type="dirichlet_distribution",
+        max_iter=iters, tol=0.0, init_params="random_from_data", random_state=0,
+        verbose=2, verbose_interval=1)
+    out = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(out):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(x)
+    lapses = [float(v) for v in re.findall(r"Iteration \d+\s+time lapse ([0-9.]+)s", out.getvalue())]
+    if len(lapses) != iters:
+        sys.exit(f"could not read sklearn's per-iteration times:\n{out.getvalue()}")
+    return float(np.median(lapses))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("caviar")
+    ap.add_argument("workdir")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every N (for a quick run)")
+    ap.add_argument("--shapes", default="0,1,2")
+    ap.add_argument("--threads", type=int, default=2, help="cores to use, for both sides")
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    threads = args.threads
+
+    rows = []
+    for si in [int(s) for s in args.shapes.split(",")]:
+        n, d, k = SHAPES[si]
+        n = max(int(n * args.scale), 10 * k)
+        data = os.path.join(args.workdir, f"shape{si}.h5")
+        run(mpirun(1) + [args.caviar, "-q", "generate", "gmm", "--n", str(n), "--dim",
+                                    str(d), "--components", str(k), "--seed", "1", "--out", data])
+        with h5py.File(data) as f:
+            x = f["X"][:]
+        sk = sklearn_per_iter(x, k, SKLEARN_ITERS[si])
+        one, _ = caviar_per_iter(args.caviar, data + ":/X", k, 1, threads, CAVIAR_ITERS[si], args.workdir)
+        two, _ = caviar_per_iter(args.caviar, data + ":/X", k, threads, 1, CAVIAR_ITERS[si], args.workdir)
+        rows.append((n, d, k, sk, one, two))
+        print(f"# shape {si}: N={n} D={d} K={k}: sklearn {sk:.4f} s/iter, caviar 1x{threads} "
+              f"{one:.4f}, {threads}x1 {two:.4f}", file=sys.stderr, flush=True)
+
+    load = os.getloadavg()[0]
+    print(f"\nCAVI time per iteration (full covariance), {threads} cores; load average "
+          f"{load:.2f} at the end (other processes inflate both sides)")
+    print(f"| N | D | K | sklearn s/iter | caviar 1 rank x {threads} threads | ratio | "
+          f"caviar {threads} ranks x 1 thread | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, d, k, sk, one, two in rows:
+        print(f"| {n} | {d} | {k} | {sk:.4f} | {one:.4f} | {sk / one:.1f}x | {two:.4f} | "
+              f"{sk / two:.1f}x |")
+    print(json.dumps({"rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
+                                    caviar_Tx1=r[5]) for r in rows]}))
+
+
+if __name__ == "__main__":
+    main()
