@@ -105,6 +105,8 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       j["epochs"] = r.epochs;
       j["steps"] = r.steps;
       j["seconds"] = r.seconds;
+      j["seconds_train"] = r.train_seconds;
+      j["seconds_per_epoch"] = r.epochs_run > 0 ? r.train_seconds / r.epochs_run : 0.0;
       j["seconds_compute"] = r.compute_seconds;
       j["seconds_reduce"] = r.reduce_seconds;
       j["seconds_update"] = r.update_seconds;

@@ -364,6 +364,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   if (static_cast<double>(o.epochs) * steps_per_epoch >= kSampleStep)
     throw Error("too many training steps for the 32-bit noise counter");
   const int threads = max_threads();
+  const bool exact = o.reduction == "exact";
   // One gradient slot per local micro-block; np is a multiple of kParamAlign, so every slot is
   // aligned like the parameter buffer.
   ParamVec grads(static_cast<std::size_t>(max_local * np));
@@ -411,13 +412,15 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
       t0 = Clock::now();
       const std::int64_t n_local = lb1 - lb0;
       double batch_elbo = 0;
-      if (o.reduction == "exact") {
+      int exponent = 0;
+      if (exact) {
         double local_max = 0;
         for (std::int64_t lb = 0; lb < n_local; ++lb)
           local_max = std::max(local_max, block_max[lb]);
         const int e = fixed_point_exponent(comm.allreduce_max(local_max), n_blocks);
-        std::fill(iacc.begin(), iacc.end(), 0);
+        std::fill(iacc.begin() + np, iacc.end(), 0);
         parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
+          std::fill(iacc.begin() + pb, iacc.begin() + pe, 0);
           for (std::int64_t lb = 0; lb < n_local; ++lb)
             add_fixed_point(grads.data() + lb * np + pb, pe - pb, e, iacc.data() + pb);
         });
@@ -426,9 +429,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
         for (std::int64_t lb = 0; lb < n_local; ++lb)
           iacc[np + lb0 + lb] = std::bit_cast<std::int64_t>(block_elbo[lb]);
         comm.allreduce_sum(std::span<std::int64_t>(iacc.data(), np + n_blocks));
-        parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
-          from_fixed_point(iacc.data() + pb, pe - pb, e, static_cast<double>(bn), g.data() + pb);
-        });
+        exponent = e;
         for (std::int64_t k = 0; k < n_blocks; ++k)
           batch_elbo += std::bit_cast<double>(iacc[np + k]);
       } else {
@@ -443,21 +444,29 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
         });
         for (std::int64_t lb = 0; lb < n_local; ++lb) dacc[np + lb0 + lb] = block_elbo[lb];
         comm.allreduce_sum(std::span<double>(dacc.data(), np + n_blocks));
-        for (std::int64_t i = 0; i < np; ++i) g[i] = static_cast<float>(dacc[i] / bn);
         for (std::int64_t k = 0; k < n_blocks; ++k) batch_elbo += dacc[np + k];
       }
       epoch_elbo += batch_elbo;
       res.reduce_seconds += seconds_since(t0);
 
-      // 3. The same Adam step on every rank (the loss is the mean of -ELBO over the batch).
+      // 3. The same Adam step on every rank (the loss is the mean of -ELBO over the batch), in
+      // the same pass over memory as the conversion back from the reduced sums.
       t0 = Clock::now();
       adam.begin_step();
       parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
+        if (exact) {
+          from_fixed_point(iacc.data() + pb, pe - pb, exponent, static_cast<double>(bn),
+                           g.data() + pb);
+        } else {
+          for (std::int64_t i = pb; i < pe; ++i) g[i] = static_cast<float>(dacc[i] / bn);
+        }
         adam.update(params.data(), g.data(), pb, pe);
       });
       res.update_seconds += seconds_since(t0);
     }
     const double train_seconds = seconds_since(t_epoch);
+    res.train_seconds += train_seconds;
+    ++res.epochs_run;
     const auto t_eval = Clock::now();
     EpochReport rep;
     rep.epoch = epoch;

@@ -48,10 +48,12 @@ struct EpochReport {
 
 struct TrainResult {
   double train_elbo = 0, test_elbo = 0;
-  int epochs = 0;
+  int epochs = 0;      // completed, including those of a resumed checkpoint
+  int epochs_run = 0;  // by this call
   std::int64_t steps = 0, n = 0;
   double seconds = 0;
   // Where the time went, summed over epochs (rank 0's clock).
+  double train_seconds = 0;  // the training passes only (no evaluation, no checkpoints)
   double compute_seconds = 0, reduce_seconds = 0, update_seconds = 0, eval_seconds = 0;
   std::vector<double> train_trace, test_trace;
   ParamVec params;
