@@ -74,21 +74,25 @@ RowMatrix RowStream::read_rows(std::span<const std::int64_t> rows) const {
     const hsize_t mcount[2] = {static_cast<hsize_t>(rows.size()),
                                static_cast<hsize_t>(shape_.cols)};
     Closer mspace{H5Screate_simple(2, mcount, nullptr), H5Sclose};
-    H5Sselect_none(fspace.id);
-    if (rows.empty()) H5Sselect_none(mspace.id);
-    // Runs of consecutive rows become single blocks; appending blocks in increasing order keeps
-    // HDF5's union cheap. The memory selection is contiguous, in the same (increasing) order.
-    for (std::size_t i = 0; i < rows.size();) {
-      std::size_t j = i + 1;
-      while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-      if (rows[i] < 0 || rows[j - 1] >= shape_.rows || (i > 0 && rows[i] <= rows[i - 1]))
-        throw Error("internal: row selection out of range or unsorted in " + ref_.str());
-      const hsize_t start[2] = {static_cast<hsize_t>(rows[i]), 0};
-      const hsize_t count[2] = {static_cast<hsize_t>(j - i), static_cast<hsize_t>(shape_.cols)};
-      check(H5Sselect_hyperslab(fspace.id, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr,
-                                count, nullptr),
+    // One point selection of every (row, column): linear in its size, whereas OR-ing thousands
+    // of one-row hyperslabs is quadratic in HDF5 (measured: ~28 s per 20000-row step). Points are
+    // read in the order listed, into the contiguous memory block.
+    if (rows.empty()) {
+      H5Sselect_none(fspace.id);
+      H5Sselect_none(mspace.id);
+    } else {
+      std::vector<hsize_t> coords;
+      coords.reserve(rows.size() * static_cast<std::size_t>(shape_.cols) * 2);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i] < 0 || rows[i] >= shape_.rows || (i > 0 && rows[i] <= rows[i - 1]))
+          throw Error("internal: row selection out of range or unsorted in " + ref_.str());
+        for (std::int64_t j = 0; j < shape_.cols; ++j) {
+          coords.push_back(static_cast<hsize_t>(rows[i]));
+          coords.push_back(static_cast<hsize_t>(j));
+        }
+      }
+      check(H5Sselect_elements(fspace.id, H5S_SELECT_SET, coords.size() / 2, coords.data()),
             "cannot select rows of " + ref_.str());
-      i = j;
     }
     Closer dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
     H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);

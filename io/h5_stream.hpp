@@ -24,8 +24,7 @@ class RowStream {
   // Collective: rows [range.begin, range.end) (may be empty on some ranks), as double.
   RowMatrix read_range(RowRange range) const;
   // Collective: the given global rows, strictly increasing (may be empty on some ranks), in that
-  // order. Consecutive rows are merged into one hyperslab block; the blocks form one selection
-  // read in a single collective H5Dread.
+  // order, in a single collective H5Dread of a point selection.
   RowMatrix read_rows(std::span<const std::int64_t> rows) const;
 
  private:
