@@ -6,6 +6,7 @@
 #include "app.hpp"
 #include "core/parallel.hpp"
 #include "inference/lda_driver.hpp"
+#include "inference/text_prep.hpp"
 
 namespace caviar::app {
 
@@ -21,6 +22,7 @@ void add_local_options(CLI::App* c, lda::LocalOptions& l) {
 }  // namespace
 
 void add_generate_lda_command(CLI::App* gen, Context& ctx);
+void add_prep_text_command(CLI::App* prep, Context& ctx);
 
 void add_lda_commands(CLI::App& cli, Context& ctx) {
   auto* lda = cli.add_subcommand("lda", "Latent Dirichlet allocation (variational, CAVI or SVI)");
@@ -171,6 +173,54 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
   });
 
   add_generate_lda_command(cli.get_subcommand("generate"), ctx);
+  add_prep_text_command(cli.get_subcommand("prep"), ctx);
+}
+
+void add_prep_text_command(CLI::App* prep, Context& ctx) {
+  auto o = std::make_shared<TextPrepOptions>();
+  auto* c = prep->add_subcommand(
+      "text",
+      "Text files or JSON lines into a CSR bag-of-words corpus (/indptr, /indices, "
+      "/data as int32 counts, /vocab)");
+  c->add_option("--input", o->inputs,
+                "Folders (each file one document; .json files give their \"text\" field, "
+                ".jsonl files one document per line) and/or JSON-lines files; repeatable")
+      ->required();
+  c->add_option("--out", o->out, "Corpus file to write")->required();
+  c->add_option("--heldout", o->heldout, "Also write a held-out corpus (same vocabulary)");
+  c->add_option("--heldout-fraction", o->heldout_fraction, "Share of documents held out")
+      ->capture_default_str();
+  c->add_option("--seed", o->seed, "Seed of the held-out draw")->capture_default_str();
+  c->add_option("--min-df", o->min_df, "Keep words in at least this many training documents")
+      ->capture_default_str();
+  c->add_option("--max-df", o->max_df, "Keep words in at most this share of training documents")
+      ->capture_default_str();
+  c->add_option("--stopwords", o->stopwords, "english | none")
+      ->check(CLI::IsMember({"english", "none"}))
+      ->capture_default_str();
+  c->add_option("--min-length", o->min_length, "Shortest token kept")->capture_default_str();
+  c->add_option("--extension", o->extension, "Folders: read only files ending with this");
+  c->add_flag("--strip-headers", o->strip_headers,
+              "Mail: keep only the text after the first blank line");
+  c->callback([&ctx, o] {
+    ctx.action = [&ctx, o] {
+      const auto r =
+          prep_text(*ctx.comm, *o, [&ctx](const std::string& s) { print_progress(ctx, s); });
+      print_progress(ctx, "wrote " + o->out + (o->heldout.empty() ? "" : " and " + o->heldout));
+      nlohmann::ordered_json j;
+      j["out"] = o->out;
+      j["documents"] = r.documents;
+      if (!o->heldout.empty()) {
+        j["heldout"] = o->heldout;
+        j["heldout_documents"] = r.heldout_documents;
+      }
+      j["words"] = r.words;
+      j["tokens"] = r.tokens;
+      j["empty_documents"] = r.empty_documents;
+      j["seconds"] = r.seconds;
+      print_summary(ctx, j);
+    };
+  });
 }
 
 void add_generate_lda_command(CLI::App* gen, Context& ctx) {
