@@ -228,5 +228,134 @@ TEST(Gmm, StatsPackingRoundTrip) {
   EXPECT_EQ(s.rows(), 10.0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Stick-breaking weights, EM, and the natural-parameter geometry of SVI (issue 3).
+
+// CAVI with the stick-breaking prior never lowers the ELBO (full and diag).
+TEST(Gmm, StickBreakingCaviNeverLowersTheElbo) {
+  for (const Covariance cov : {Covariance::kFull, Covariance::kDiag}) {
+    const RowMatrix x = random_data(500, 3, 77, 4.0);
+    Prior p = default_prior(cov, 3, 6);
+    p.weights = WeightPrior::kStickBreaking;
+    p.alpha0 = 0.8;
+    Model model(cov, 6, p, x.colwise().mean().transpose());
+    const auto trace = run_cavi(model, x, random_resp(500, 6, 5), 30);
+    for (std::size_t t = 1; t < trace.size(); ++t)
+      EXPECT_GE(trace[t], trace[t - 1] - 1e-10 * std::abs(trace[t - 1])) << t;
+    // The expected weights: E[v_k] prod_{j<k} E[1 - v_j], renormalised; computed here directly.
+    const Posterior& q = model.posterior();
+    VectorXd w(6);
+    for (int k = 0; k < 6; ++k) {
+      w[k] = q.stick_a[k] / (q.stick_a[k] + q.stick_b[k]);
+      for (int j = 0; j < k; ++j) w[k] *= q.stick_b[j] / (q.stick_a[j] + q.stick_b[j]);
+    }
+    w /= w.sum();
+    EXPECT_LT((model.weights() - w).cwiseAbs().maxCoeff(), 1e-14);
+  }
+}
+
+// The stick updates are a_k = 1 + N_k, b_k = alpha0 + sum_{j>k} N_j (Blei & Jordan 2006).
+TEST(Gmm, StickBreakingUpdate) {
+  const RowMatrix x = random_data(200, 2, 3);
+  const RowMatrix r = random_resp(200, 4, 4);
+  Prior p = default_prior(Covariance::kFull, 2, 4);
+  p.weights = WeightPrior::kStickBreaking;
+  p.alpha0 = 1.7;
+  Model model(Covariance::kFull, 4, p, VectorXd::Zero(2));
+  Stats s = model.make_stats();
+  model.accumulate(x, r, s);
+  model.update(s);
+  const VectorXd nk = r.colwise().sum().transpose();
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_NEAR(model.posterior().stick_a[k], 1 + nk[k], 1e-12);
+    EXPECT_NEAR(model.posterior().stick_b[k], 1.7 + nk.tail(3 - k).sum(), 1e-12);
+  }
+}
+
+// EM's M-step against the textbook weighted estimates (Bishop 9.24-9.26), and EM never lowers
+// the log-likelihood.
+TEST(Gmm, EmMatchesWeightedEstimatesAndIsMonotone) {
+  const int n = 400, d = 3, k = 3;
+  const RowMatrix x = random_data(n, d, 8, 10.0);
+  const RowMatrix r = random_resp(n, k, 9);
+  Model model(Covariance::kFull, k, default_prior(Covariance::kFull, d, k),
+              x.colwise().mean().transpose(), Estimator::kMaximumLikelihood, 1e-3);
+  Stats s = model.make_stats();
+  model.accumulate(x, r, s);
+  model.update(s);
+  for (int j = 0; j < k; ++j) {
+    const double nk = r.col(j).sum();
+    const VectorXd mu = (x.transpose() * r.col(j)) / nk;
+    MatrixXd c = MatrixXd::Zero(d, d);
+    for (int i = 0; i < n; ++i)
+      c += r(i, j) * (x.row(i).transpose() - mu) * (x.row(i).transpose() - mu).transpose();
+    c = c / nk + 1e-3 * MatrixXd::Identity(d, d);
+    EXPECT_NEAR(model.weights()[j], nk / n, 1e-13);
+    EXPECT_LT((model.means().row(j).transpose() - mu).cwiseAbs().maxCoeff(), 1e-11);
+    EXPECT_LT((model.covariances()[j] - c).cwiseAbs().maxCoeff(), 1e-11);
+  }
+  double prev = -1e300;
+  for (int it = 0; it < 30; ++it) {
+    s.set_zero();
+    model.local_step(x, s);
+    const double ll = model.objective(s);
+    EXPECT_GE(ll, prev - 1e-10 * std::abs(ll)) << it;
+    prev = ll;
+    model.update(s);
+  }
+}
+
+// natural_inner(g, g) is the squared Euclidean norm of the change of the natural parameters
+// (alpha or sticks, beta, beta m, W^-1 + beta m m^T, nu) between the posteriors of two sets of
+// statistics, computed here from the posteriors themselves.
+TEST(Gmm, NaturalInnerIsTheNaturalParameterNorm) {
+  for (const auto wp : {WeightPrior::kDirichlet, WeightPrior::kStickBreaking}) {
+    for (const Covariance cov : {Covariance::kFull, Covariance::kDiag}) {
+      const int d = 3, k = 4;
+      const RowMatrix x = random_data(300, d, 12, 1.0);
+      Prior p = default_prior(cov, d, k);
+      p.weights = wp;
+      const VectorXd shift = x.colwise().mean().transpose();
+      Model m1(cov, k, p, shift), m2(cov, k, p, shift);
+      Stats s1 = m1.make_stats(), s2 = m1.make_stats();
+      m1.accumulate(x, random_resp(300, k, 1), s1);
+      m2.accumulate(x, random_resp(300, k, 2), s2);
+      m1.update(s1);
+      m2.update(s2);
+      Stats g = m1.make_stats();
+      for (std::size_t i = 0; i < g.buffer().size(); ++i)
+        g.buffer()[i] = s2.buffer()[i] - s1.buffer()[i];
+      auto natural = [&](const Posterior& q) {
+        std::vector<double> v;
+        if (wp == WeightPrior::kDirichlet)
+          for (int j = 0; j < k; ++j) v.push_back(q.alpha[j]);
+        else
+          for (int j = 0; j < k; ++j) {
+            v.push_back(q.stick_a[j]);
+            v.push_back(q.stick_b[j]);
+          }
+        for (int j = 0; j < k; ++j) {
+          v.push_back(q.beta[j]);
+          v.push_back(q.nu[j]);
+          const VectorXd mc = q.m.row(j).transpose() - shift;
+          for (int i = 0; i < d; ++i) v.push_back(q.beta[j] * mc[i]);
+          if (cov == Covariance::kFull) {
+            const MatrixXd t = q.W_inv[j] + q.beta[j] * mc * mc.transpose();
+            for (int a = 0; a < d; ++a)
+              for (int b = 0; b < d; ++b) v.push_back(t(a, b));
+          } else {
+            for (int i = 0; i < d; ++i) v.push_back(q.W_inv[j](i, 0) + q.beta[j] * mc[i] * mc[i]);
+          }
+        }
+        return v;
+      };
+      const auto v1 = natural(m1.posterior()), v2 = natural(m2.posterior());
+      double sq = 0;
+      for (std::size_t i = 0; i < v1.size(); ++i) sq += (v2[i] - v1[i]) * (v2[i] - v1[i]);
+      EXPECT_NEAR(m1.natural_inner(g, g), sq, 1e-9 * sq);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace caviar::gmm
