@@ -1,10 +1,14 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Bad input to `caviar gmm fit` must end with exactly one clear error line, a non-zero exit on
-every rank, no hang (a timeout fails the case), and no output file, new or changed.
+"""Hostile input to caviar must end with exactly one clear error line, a non-zero exit on every
+rank, no hang (a timeout fails the case), and no output file, new or changed.
 
-usage: test_bad_input.py CAVIAR_BIN WORKDIR
+docs/errors.md lists every case with the message it gives; this test fails if a case is missing
+there. Regenerate it with:  test_bad_input.py CAVIAR_BIN WORKDIR --write-doc docs/errors.md
+
+usage: test_bad_input.py CAVIAR_BIN WORKDIR [--write-doc FILE]
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -35,11 +39,16 @@ def main():
         x = good.copy()
         x[17, 0] = -np.inf
         f["X"] = x
+    with h5py.File(p("posinf.h5"), "w") as f:
+        x = good.copy()
+        x[599, 1] = np.inf
+        f["X"] = x
     with h5py.File(p("shapes.h5"), "w") as f:
         f["one_d"] = good[:, 0]
         f["three_d"] = good.reshape(600, 2, 1)
         f["empty"] = np.zeros((0, 2))
         f["strings"] = np.array([b"a", b"b"] * 300).reshape(300, 2)
+        f["compound"] = np.zeros((300, 2), dtype=[("a", "<f8"), ("b", "<i4")])
         f.create_group("a_group")
     with h5py.File(p("tiny.h5"), "w") as f:
         f["X"] = good[:1]
@@ -56,6 +65,13 @@ def main():
 
     fit = lambda data, *rest: [caviar, "gmm", "fit", "--data", data] + list(rest)
     out = p("model.h5")
+    with h5py.File(p("good3d.h5"), "w") as f:
+        f["X"] = rng.normal(size=(300, 3))
+    r = subprocess.run(mpirun(1) + [caviar, "-q", "gmm", "fit", "--data", p("good3d.h5"), "-k", "2",
+                                    "--out", p("model3d.h5")], capture_output=True, text=True, timeout=TIMEOUT)
+    if r.returncode != 0:
+        print(f"FAIL: could not fit the 3-D model the mismatch case needs:\n{r.stderr}")
+        return 1
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -71,6 +87,15 @@ def main():
         ("NaN", 2, fit(p("nan.h5") + ":/X", "-k", "2", "--out", out), "row 433, column 1"),
         ("NaN at 4 ranks", 4, fit(p("nan.h5") + ":/X", "-k", "2", "--out", out), "row 433, column 1"),
         ("-Inf", 2, fit(p("inf.h5") + ":/X", "-k", "2", "--out", out), "row 17, column 0"),
+        ("+Inf in the last row", 3, fit(p("posinf.h5") + ":/X", "-k", "2", "--out", out), "row 599, column 1"),
+        ("compound dtype", 2, fit(p("shapes.h5") + ":/compound", "-k", "2", "--out", out), "non-numeric"),
+        ("K < 0", 2, fit(p("good.h5") + ":/X", "-k", "-3", "--out", out), "--components must be >= 1"),
+        ("zero batch size", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "0", "--out", out), "--batch-size must be >= 1"),
+        ("negative batch size", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "-5", "--out", out), "--batch-size must be >= 1"),
+        ("NaN tolerance", 2, fit(p("good.h5") + ":/X", "-k", "2", "--tol", "nan", "--out", out), "--tol"),
+        ("negative reg_covar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--reg-covar", "-1", "--out", out), "--reg-covar"),
+        ("score: model is not a model", 2, [caviar, "gmm", "score", "--model", p("good.h5"), "--data", p("good.h5") + ":/X"], "not a caviar gmm model"),
+        ("score: dimension mismatch", 2, [caviar, "gmm", "score", "--model", p("model3d.h5"), "--data", p("good.h5") + ":/X"], "features but the model has 3"),
         ("K = 0", 2, fit(p("good.h5") + ":/X", "-k", "0", "--out", out), "--components must be >= 1"),
         ("K > N", 2, fit(p("good.h5") + ":/X", "-k", "601", "--out", out), "exceeds the number of rows"),
         ("more ranks than rows", 2, fit(p("tiny.h5") + ":/X", "-k", "1", "--out", out), "fewer than the 2 MPI ranks"),
@@ -81,6 +106,8 @@ def main():
         ("existing output kept on error", 2, fit(p("nan.h5") + ":/X", "-k", "2", "--out", existing), "non-finite"),
         ("bad init file", 2, fit(p("good.h5") + ":/X", "-k", "3", "--init", p("good.h5") + ":/X", "--out", out), "expected 600 x 3"),
     ]
+    write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
+    doc_rows = []
     failures = 0
     for name, ranks, argv, expect in cases:
         before = {f: os.stat(p(f)).st_mtime_ns for f in os.listdir(work) if os.path.isfile(p(f))}
@@ -110,6 +137,8 @@ def main():
         if after != before:
             problems.append("an existing file was changed or removed")
         line = err_lines[0] if err_lines else r.stderr.strip()[-300:]
+        shown = " ".join(a.replace(work + "/", "") for a in argv[1:])
+        doc_rows.append((name, ranks, shown, line.replace(work + "/", "")))
         if problems:
             failures += 1
             print(f"FAIL {name}: {'; '.join(problems)}\n     exit={r.returncode} stderr: {line}")
@@ -119,8 +148,39 @@ def main():
         if f.read() != b"previous contents":
             print("FAIL: an existing output was modified")
             failures += 1
-    print(f"{len(cases) - failures} passed, {failures} failed")
+    doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "errors.md")
+    if write_doc:
+        with open(write_doc, "w") as f:
+            f.write(DOC_HEAD)
+            f.write("| # | case | ranks | command (after `caviar`) | message |\n|---|---|---|---|---|\n")
+            for i, (name, ranks, shown, line) in enumerate(doc_rows, 1):
+                cell = lambda t: t.replace("|", "\\|")
+                f.write(f"| {i} | {cell(name)} | {ranks} | `{cell(shown)}` | `{cell(line)}` |\n")
+        print(f"wrote {write_doc}")
+    else:
+        with open(doc) as f:
+            listed = set(re.findall(r"^\| \d+ \| (.+?) \| \d+ \|", f.read(), re.M))
+        missing = [name.replace("|", "\\|") for name, *_ in cases if name.replace("|", "\\|") not in listed]
+        if missing:
+            print(f"FAIL: docs/errors.md does not list {missing} (regenerate it: see this file's docstring)")
+            failures += 1
+    print(f"{len(cases)} cases: {len(cases) - failures} passed, {failures} failed")
     return 1 if failures else 0
+
+
+DOC_HEAD = """# Errors: what caviar says when the input is wrong
+
+Every case below ends with exactly one line on stderr, `caviar: error: ...`, exit code 1 on
+every rank, no hang, and no output file created or changed (outputs are written to a temporary
+file and renamed only on success). The table is generated by running each case:
+`tests/cli/test_bad_input.py build/caviar /tmp/bad --write-doc docs/errors.md`; the test suite
+runs the same cases (ctest `cli.bad_input`) and fails if one is missing here. File names are
+relative to the test's work directory.
+
+The VAE (`tests/cli/test_vae.py`), LDA/CSR (`tests/cli/test_lda.py`) and `prep`
+(`tests/cli/test_prep.py`) commands have their own bad-input cases in their tests.
+
+"""
 
 
 if __name__ == "__main__":
