@@ -259,13 +259,15 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
           if (order[i] >= lo && order[i] < hi) local.push_back(order[i] - lo);
         terms.resize(local.size());
         stats.set_zero();
+        model.refresh_words(corpus, local);
         res.sweeps += model.local_step(corpus, local, gamma, false, &stats, terms, o.local);
         comm.allreduce_sum(stats.buffer());
         pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
         // Hoffman et al. (2010) eq. 9: rho_t = (tau0 + t)^-kappa, statistics scaled by D/|B|.
         const double rho = std::pow(o.tau0 + static_cast<double>(t), -o.kappa);
-        model.update_stochastic(stats, rho, static_cast<double>(d_total) / (b1 - b0));
+        model.update_stochastic(stats, rho, static_cast<double>(d_total) / (b1 - b0), false);
       }
+      model.refresh();
       // The pass's ELBO estimate: document terms as they were visited, plus the global terms.
       const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
       report(pass, elbo);

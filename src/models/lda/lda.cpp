@@ -83,13 +83,31 @@ void Model::set_lambda(RowMatrix lambda) {
   refresh();
 }
 
+void Model::refresh_row_sums() {
+  psi_row_sum_.resize(k_);
+  for (int k = 0; k < k_; ++k) psi_row_sum_[k] = math::digamma(lambda_.row(k).sum());
+}
+
 void Model::refresh() {
+  refresh_row_sums();
   exp_elog_beta_t_.resize(v_, k_);
-  for (int k = 0; k < k_; ++k) {
-    const double psi_sum = math::digamma(lambda_.row(k).sum());
+  for (int k = 0; k < k_; ++k)
     for (std::int64_t w = 0; w < v_; ++w)
-      exp_elog_beta_t_(w, k) = std::exp(math::digamma(lambda_(k, w)) - psi_sum);
-  }
+      exp_elog_beta_t_(w, k) = std::exp(math::digamma(lambda_(k, w)) - psi_row_sum_[k]);
+}
+
+void Model::refresh_words(const Corpus& c, std::span<const std::int64_t> docs) {
+  // Each value is the same function of lambda as in refresh(), so which words a rank refreshes
+  // changes no result. The digammas of the K x V matrix dominate SVI otherwise.
+  mark_.assign(static_cast<std::size_t>(v_), 0);
+  for (const auto d : docs)
+    for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
+      const auto w = c.words[j];
+      if (mark_[w]) continue;
+      mark_[w] = 1;
+      for (int k = 0; k < k_; ++k)
+        exp_elog_beta_t_(w, k) = std::exp(math::digamma(lambda_(k, w)) - psi_row_sum_[k]);
+    }
 }
 
 namespace {
@@ -210,8 +228,9 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           const std::int64_t w = c.words[j0 + j];
           const double r = s.ratio[j];
           for (int k = 0; k < k_; ++k)
+            // Round half up (the addend is >= 0): a plain cast, much cheaper than llround.
             st->buf_[static_cast<std::size_t>(k * v_ + w)] +=
-                std::llround(r * s.etheta[k] * s.b(j, k) * st->scale_);
+                static_cast<std::int64_t>(r * s.etheta[k] * s.b(j, k) * st->scale_ + 0.5);
         }
       }
     }
@@ -228,11 +247,14 @@ void Model::update(const Stats& s) {
   refresh();
 }
 
-void Model::update_stochastic(const Stats& s, double rho, double scale) {
+void Model::update_stochastic(const Stats& s, double rho, double scale, bool refresh_all) {
   for (int k = 0; k < k_; ++k)
     for (std::int64_t w = 0; w < v_; ++w)
       lambda_(k, w) = (1.0 - rho) * lambda_(k, w) + rho * (eta_ + scale * s.value(k, w));
-  refresh();
+  if (refresh_all)
+    refresh();
+  else
+    refresh_row_sums();
 }
 
 double Model::global_elbo() const {

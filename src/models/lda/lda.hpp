@@ -91,8 +91,14 @@ class Model {
   // CAVI (seed eq. 12): lambda = eta + S.
   void update(const Stats& s);
   // SVI (Hoffman et al. 2010, eq. 9): lambda = (1 - rho) lambda + rho (eta + scale S), with
-  // scale = D / |batch|.
-  void update_stochastic(const Stats& s, double rho, double scale);
+  // scale = D / |batch|. With refresh = false, exp(E[ln beta]) is left stale: the caller must
+  // call refresh_words(...) for the words of the next local step (every other word's value
+  // would be recomputed and never read), and refresh() before anything else.
+  void update_stochastic(const Stats& s, double rho, double scale, bool refresh = true);
+  // exp(E[ln beta_kw]) of the words of documents `docs` of c, from the current lambda.
+  void refresh_words(const Corpus& c, std::span<const std::int64_t> docs);
+  // exp(E[ln beta]) of every word.
+  void refresh();
 
   // The global part of the ELBO: sum_k E[ln p(beta_k | eta)] - E[ln q(beta_k | lambda_k)].
   double global_elbo() const;
@@ -113,14 +119,16 @@ class Model {
                                  RowMatrix& gamma, bool warm, Stats* stats,
                                  std::span<double> doc_terms, const LocalOptions& opt,
                                  std::uint64_t seed) const;
-  void refresh();  // exp(E[ln beta]) from lambda_, stored word-major (V x K)
+  void refresh_row_sums();
 
   int k_;
   std::int64_t v_;
   double alpha_, eta_;
   std::uint64_t doc_seed_ = 0;
-  RowMatrix lambda_;           // K x V
-  RowMatrix exp_elog_beta_t_;  // V x K: exp(psi(lambda_kw) - psi(sum_w lambda_kw))
+  RowMatrix lambda_;             // K x V
+  RowMatrix exp_elog_beta_t_;    // V x K: exp(psi(lambda_kw) - psi(sum_w lambda_kw))
+  Eigen::VectorXd psi_row_sum_;  // K: psi(sum_w lambda_kw)
+  std::vector<char> mark_;       // V: scratch of refresh_words
 };
 
 // Split of a count into the observed half of document completion: the number of even positions
