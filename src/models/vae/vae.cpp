@@ -1,6 +1,7 @@
 #include "models/vae/vae.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numbers>
 
@@ -88,13 +89,22 @@ void Adam::begin_step() {
 void Adam::update(float* p, const float* g, std::int64_t begin, std::int64_t end) {
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const float eps = static_cast<float>(cfg_.eps), wd = static_cast<float>(cfg_.weight_decay);
-  float* m = m_.data();
-  float* v = v_.data();
-  for (std::int64_t i = begin; i < end; ++i) {
-    const float gi = g[i] + wd * p[i];  // L2 weight decay: the gradient of wd/2 |theta|^2
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] -= step_size_ * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2_ + eps);
+  // Eigen array expressions, so that sqrt and division are vectorised (element-wise IEEE
+  // operations: the vector and scalar paths round identically).
+  using Arr = Eigen::Map<Eigen::ArrayXf>;
+  const Eigen::Index n = static_cast<Eigen::Index>(end - begin);
+  Arr pa(p + begin, n), m(m_.data() + begin, n), v(v_.data() + begin, n);
+  const Eigen::Map<const Eigen::ArrayXf> ga(g + begin, n);
+  for (Eigen::Index k = 0; k < n; k += 1024) {  // 1024 at a time: the temporaries stay in L1
+    const Eigen::Index len = std::min<Eigen::Index>(1024, n - k);
+    auto pk = pa.segment(k, len);
+    auto mk = m.segment(k, len);
+    auto vk = v.segment(k, len);
+    // L2 weight decay: the gradient of wd/2 |theta|^2 is added to g.
+    const Eigen::ArrayXf gi = ga.segment(k, len) + wd * pk;
+    mk = b1 * mk + (1.0f - b1) * gi;
+    vk = b2 * vk + (1.0f - b2) * gi * gi;
+    pk -= step_size_ * mk / (vk.sqrt() * inv_sqrt_bc2_ + eps);
   }
 }
 
@@ -124,9 +134,12 @@ void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, dou
 }
 
 double max_abs(const float* g, std::int64_t n) {
-  float m = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(g[i]));
-  return m;
+  // On the bits with the sign cleared, integer order is the order of |g| (NaN compares above
+  // infinity and makes the result non-finite): an integer max, which the compiler vectorises.
+  std::uint32_t m = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    m = std::max(m, std::bit_cast<std::uint32_t>(g[i]) & 0x7FFFFFFFu);
+  return std::bit_cast<float>(m);
 }
 
 double normal_quantile(double p) {
