@@ -90,8 +90,10 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
                           static_cast<double>(p.x.rows());
     // "Constant" means a variance at rounding level relative to the others (a constant column's
     // computed variance is ~1e-32 of its square, not 0; as a prior precision that is absurd).
+    // Rounding leaves ~(1e-16 |mean|)^2 in a constant column's variance: below (1e-12 |mean|)^2
+    // the column is taken as constant.
     const double top = var.maxCoeff();
-    const auto real = (var.array() > 1e-20 * top);
+    const auto real = (var.array() > 1e-20 * top) && (var.array() > 1e-24 * mean.array().square());
     const int positive = static_cast<int>(real.count());
     const double fill = positive ? real.select(var, 0.0).sum() / positive : 1.0;
     for (int j = 0; j < d; ++j)
@@ -110,6 +112,13 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
     RowMatrix resp(p.x.rows(), p.k);
     for (Eigen::Index i = 0; i < resp.size(); ++i) resp.data()[i] = u(g);
     resp.array().colwise() /= resp.rowwise().sum().array();
+    if (std::getenv("CAVIAR_FUZZ_SEED")) {
+      for (Eigen::Index i = 0; i < resp.rows(); ++i) {
+        std::printf("resp ");
+        for (Eigen::Index j = 0; j < resp.cols(); ++j) std::printf("%.17g ", resp(i, j));
+        std::printf("\n");
+      }
+    }
     Stats stats = model.make_stats();
     stats.set_zero();
     model.accumulate(p.x, resp, stats);
@@ -119,6 +128,7 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
       stats.set_zero();
       model.local_step(p.x, stats);
       const double obj = model.objective(stats);
+      if (std::getenv("CAVIAR_FUZZ_SEED")) std::printf("objective %d %.17g\n", it, obj);
       if (!std::isfinite(obj))
         return "objective " + std::to_string(obj) + " at iteration " + std::to_string(it);
       if (obj < prev - 1e-9 * std::abs(prev))
@@ -141,13 +151,14 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
   return "";
 }
 
-// Not yet in ctest: it currently fails (issue 7 notes). 36 of the 1000 problems show ELBO
-// decreases of 1e-9 to 3e-7 relative (duplicated points or constant columns at extreme scales,
-// mostly diagonal covariance or stick-breaking weights), 3 give NaN at data scales below 1e-140
-// (prior precisions near 1e280 overflow the Wishart terms), and EM with reg_covar > 0 can decrease
-// (its M-step is then not an exact maximiser). Run it with
-//   build/tests/caviar_fuzz_tests --gtest_also_run_disabled_tests
-// and register it (tests/CMakeLists.txt) once it passes; do not loosen it to make it pass.
+// Not yet in ctest: it fails today (issue 7 notes). Of the 1000 problems, 3 CAVI runs lose the
+// ELBO's monotonicity on identical points far from the origin (1e16..1e76 times the prior scale):
+// the model stores posterior means in absolute coordinates and re-derives m_k - c from them, which
+// loses everything below ulp(c); and 2 EM runs with reg_covar > 0 decrease (the regularised M-step
+// is not an exact maximiser, so EM's guarantee does not apply; the check must then be dropped for
+// them explicitly, not by a looser tolerance). Run it with
+//   build/tests/caviar_fuzz_tests --gtest_also_run_disabled_tests      (CAVIAR_FUZZ_SEED=n: one)
+// and register it in tests/CMakeLists.txt once it passes.
 TEST(FuzzGmm, DISABLED_ThousandHostileProblems) {
   const auto t0 = std::chrono::steady_clock::now();
   int errors = 0, failures = 0;
