@@ -6,6 +6,7 @@
 #include <numbers>
 #include <random>
 
+#include "inference/minibatch.hpp"
 #include "models/gmm/gmm.hpp"
 
 namespace caviar::gmm {
@@ -354,6 +355,41 @@ TEST(Gmm, NaturalInnerIsTheNaturalParameterNorm) {
       for (std::size_t i = 0; i < v1.size(); ++i) sq += (v2[i] - v1[i]) * (v2[i] - v1[i]);
       EXPECT_NEAR(m1.natural_inner(g, g), sq, 1e-9 * sq);
     }
+  }
+}
+
+// SVI minibatches: each epoch's order is a permutation of [0, N), and the rows a rank keeps are
+// exactly the batch rows in its range, whatever the split.
+TEST(Minibatch, EpochPermutationIsABijectionAndSplitsByRank) {
+  for (std::uint64_t n : {1u, 2u, 5u, 256u, 1000u, 4097u}) {
+    const EpochPermutation p0(n, 42, 0), p1(n, 42, 1);
+    std::vector<int> seen(n, 0);
+    int same = 0;
+    for (std::uint64_t i = 0; i < n; ++i) {
+      const auto v = p0(i);
+      ASSERT_LT(v, n);
+      ++seen[v];
+      same += p0(i) == p1(i);
+    }
+    for (std::uint64_t v = 0; v < n; ++v) EXPECT_EQ(seen[v], 1) << "n=" << n << " v=" << v;
+    if (n >= 256) EXPECT_LT(same, static_cast<int>(n / 10)) << "epochs should differ";
+  }
+  const std::int64_t n = 2600, b = 300;
+  const EpochPermutation perm(n, 7, 3);
+  for (int ranks : {1, 3, 4}) {
+    std::vector<std::int64_t> all;
+    for (int r = 0; r < ranks; ++r) {
+      std::int64_t size = 0;
+      const auto rows = minibatch_rows(perm, n, b, 8, partition_rows(n, ranks, r), &size);
+      EXPECT_EQ(size, 200);  // the last step of the epoch is short
+      EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+      all.insert(all.end(), rows.begin(), rows.end());
+    }
+    std::vector<std::int64_t> expect;
+    for (std::int64_t q = 8 * b; q < n; ++q) expect.push_back(static_cast<std::int64_t>(perm(q)));
+    std::sort(all.begin(), all.end());
+    std::sort(expect.begin(), expect.end());
+    EXPECT_EQ(all, expect) << ranks << " ranks";
   }
 }
 
