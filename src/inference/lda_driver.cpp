@@ -177,8 +177,14 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   }
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
 
+  if (o.stream && o.algorithm != "svi") throw Error("--stream needs --algorithm svi");
   io::CorpusInfo info;
-  const Corpus corpus = io::read_corpus(comm, ref, &info);
+  Corpus corpus;
+  std::vector<std::int64_t> indptr;  // --stream: the whole /indptr, and no documents
+  if (o.stream)
+    indptr = io::read_indptr(comm, ref, &info);
+  else
+    corpus = io::read_corpus(comm, ref, &info);
   Corpus held_corpus;
   std::int64_t held_docs = 0;
   if (held) {
@@ -194,14 +200,15 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   res.documents = info.n_docs;
   res.words = info.n_words;
   res.tokens = info.tokens;
-  if (!(info.tokens > 0)) throw Error(ref.str() + " has no tokens (every document is empty)");
+  if (!o.stream && !(info.tokens > 0))
+    throw Error(ref.str() + " has no tokens (every document is empty)");
 
   const double alpha = o.alpha.value_or(1.0 / o.topics);
   const double eta = o.eta.value_or(1.0 / o.topics);
   Model model(o.topics, info.n_words, alpha, eta);
   model.init_random(o.seed);
   // Every expected count lies in [0, total tokens]: one scale serves every step and rank.
-  Stats stats(o.topics, info.n_words, fixed_point_scale(info.tokens));
+  Stats stats(o.topics, info.n_words, fixed_point_scale(std::max(info.tokens, 1.0)));
   std::vector<double> terms;
   double eval_seconds = 0;  // held-out evaluation is not part of the fit's time
   auto report = [&](int it, double elbo) {
@@ -242,6 +249,75 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       if (it >= o.max_iter) break;
       model.update(stats);  // seed eq. 12
     }
+  } else if (o.stream) {
+    const std::int64_t d_total = info.n_docs;
+    const std::int64_t n_blocks = (d_total + kBlockRows - 1) / kBlockRows;
+    auto block_size = [&](std::int64_t b) {
+      return std::min(d_total, (b + 1) * kBlockRows) - b * kBlockRows;
+    };
+    std::int64_t t = 0;
+    double tokens = 0;
+    RowMatrix gamma;
+    std::vector<double> pass_terms;
+    std::vector<std::int64_t> start(static_cast<std::size_t>(n_blocks + 1));
+    for (int pass = 0; pass < o.passes; ++pass) {
+      // The visiting order: the blocks in a permutation drawn from (seed, pass); minibatches are
+      // consecutive runs of batch_size documents of it, the same for any rank count.
+      const auto blocks = pass_order(n_blocks, o.seed, pass);
+      for (std::int64_t i = 0; i < n_blocks; ++i) start[i + 1] = start[i] + block_size(blocks[i]);
+      pass_terms.clear();
+      for (std::int64_t b0 = 0; b0 < d_total; b0 += o.batch_size, ++t) {
+        const std::int64_t b1 = std::min(d_total, b0 + o.batch_size), n = b1 - b0;
+        // This rank's share of the minibatch: positions [q0, q1), a few contiguous pieces.
+        const std::int64_t q0 = b0 + n * comm.rank() / comm.size();
+        const std::int64_t q1 = b0 + n * (comm.rank() + 1) / comm.size();
+        std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+        if (q1 > q0) {
+          auto i = static_cast<std::int64_t>(std::upper_bound(start.begin(), start.end(), q0) -
+                                             start.begin()) -
+                   1;
+          for (; i < n_blocks && start[i] < q1; ++i) {
+            const std::int64_t first = blocks[i] * kBlockRows;
+            pieces.emplace_back(first + std::max(q0, start[i]) - start[i],
+                                first + std::min(q1, start[i + 1]) - start[i]);
+          }
+        }
+        // Collective reads: every rank makes as many calls as the rank with the most pieces.
+        const std::int64_t calls = comm.allreduce_max(static_cast<std::int64_t>(pieces.size()));
+        std::vector<Corpus> parts;
+        std::int64_t local_tokens = 0;
+        for (std::int64_t c = 0; c < calls; ++c) {
+          const auto [d0, d1] = c < static_cast<std::int64_t>(pieces.size())
+                                    ? pieces[c]
+                                    : std::pair<std::int64_t, std::int64_t>{0, 0};
+          parts.push_back(io::read_corpus_range(comm, ref, indptr, info.n_words, d0, d1));
+          local_tokens += static_cast<std::int64_t>(parts.back().tokens());
+        }
+        // The batch's tokens bound every expected count of this step: its fixed-point scale.
+        std::int64_t batch_tokens = local_tokens;
+        comm.allreduce_sum(std::span<std::int64_t>(&batch_tokens, 1));
+        if (pass == 0) tokens += static_cast<double>(batch_tokens);
+        stats.set_zero();
+        stats.set_scale(
+            fixed_point_scale(std::max<double>(1.0, static_cast<double>(batch_tokens))));
+        for (const Corpus& part : parts) {
+          const auto docs = iota(part.n_docs());
+          terms.resize(docs.size());
+          model.refresh_words(part, docs);
+          res.sweeps += model.local_step(part, docs, gamma, false, &stats, terms, o.local);
+          pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
+        }
+        comm.allreduce_sum(stats.buffer());
+        const double rho = std::pow(o.tau0 + static_cast<double>(t), -o.kappa);
+        model.update_stochastic(stats, rho, static_cast<double>(d_total) / n, false);
+      }
+      model.refresh();
+      if (pass == 0) res.tokens = tokens;
+      const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
+      report(pass, elbo);
+      res.iterations = pass + 1;
+    }
+    res.converged = true;
   } else {
     const std::int64_t d_total = info.n_docs;
     const std::int64_t lo = corpus.doc_begin, hi = corpus.doc_begin + corpus.n_docs();
@@ -301,6 +377,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
         w.attr("tau0", o.tau0);
         w.attr("kappa", o.kappa);
         w.attr("data", o.data);
+        w.attr("stream", static_cast<std::int64_t>(o.stream));
         w.attr("version", o.version);
         w.attr("command", o.command);
       });

@@ -27,8 +27,10 @@ struct FitOptions {
   LocalOptions local;
   std::uint64_t seed = 0;
   std::string heldout;  // optional FILE.h5[:/group]: perplexity after every iteration / pass
-  bool stream = false;  // SVI: read each minibatch's documents from the file, keep none
-  std::string out;      // model file ("" = none)
+  // SVI only: never hold the corpus. Minibatches are runs of the pass's permutation of
+  // 256-document blocks, and each rank reads its part of each minibatch from the file.
+  bool stream = false;
+  std::string out;  // model file ("" = none)
   std::string command, version;
 };
 

@@ -90,7 +90,7 @@ std::vector<double> components(const std::string& file) {
   return r.read("/components");
 }
 
-void expect_same_fit(const std::string& algorithm) {
+void expect_same_fit(const std::string& algorithm, bool stream = false) {
   lda::FitOptions o;
   o.data = corpus();
   o.topics = 6;
@@ -101,19 +101,22 @@ void expect_same_fit(const std::string& algorithm) {
   o.batch_size = 200;
   o.seed = 9;
   o.heldout = tmp("heldout.h5");
-  o.out = tmp("fit_" + algorithm + "_world.h5");
+  o.stream = stream;
+  const std::string name = algorithm + (stream ? "_stream" : "");
+  o.out = tmp("fit_" + name + "_world.h5");
   const auto rw = lda::fit(world(), o, nullptr);
   if (world().is_root()) {
-    o.out = tmp("fit_" + algorithm + "_self.h5");
+    o.out = tmp("fit_" + name + "_self.h5");
     const auto rs = lda::fit(Comm::self(), o, nullptr);
     // Bit for bit: the statistics are summed as integers.
-    EXPECT_EQ(components(tmp("fit_" + algorithm + "_world.h5")), components(o.out));
+    EXPECT_EQ(components(tmp("fit_" + name + "_world.h5")), components(o.out));
+    EXPECT_EQ(rw.tokens, rs.tokens);
     EXPECT_EQ(rw.trace, rs.trace);
     EXPECT_EQ(rw.trace_perplexity, rs.trace_perplexity);
     EXPECT_EQ(rw.sweeps, rs.sweeps);
   }
   world().barrier();
-  const auto sw = lda::score(world(), tmp("fit_" + algorithm + "_world.h5"), tmp("heldout.h5"), {});
+  const auto sw = lda::score(world(), tmp("fit_" + name + "_world.h5"), tmp("heldout.h5"), {});
   EXPECT_EQ(sw.perplexity, rw.trace_perplexity.back());
   EXPECT_LT(sw.perplexity, 300.0);  // far better than the uniform model
 }
@@ -123,6 +126,9 @@ TEST(LdaMpi, CaviIsRankInvariant) {
 }
 TEST(LdaMpi, SviIsRankInvariant) {
   expect_same_fit("svi");
+}
+TEST(LdaMpi, StreamedSviIsRankInvariant) {
+  expect_same_fit("svi", true);
 }
 
 TEST(LdaMpi, ExportImportRoundTrip) {

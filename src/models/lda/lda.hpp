@@ -44,6 +44,7 @@ class Stats {
   std::span<const std::int64_t> buffer() const { return buf_; }
   void set_zero();
   double scale() const { return scale_; }
+  void set_scale(double scale) { scale_ = scale; }  // only between set_zero() and accumulation
   int n_topics() const { return k_; }
   std::int64_t n_words() const { return v_; }
   double value(int k, std::int64_t w) const {
