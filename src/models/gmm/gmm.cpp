@@ -233,6 +233,7 @@ void Model::update(const Stats& s) {
   p.nu.resize(kk);
   p.m.resize(kk, d);
   p.W_inv.resize(kk);
+  RowMatrix m_shifted(kk, d);  // m_k - c, kept exactly: see refresh()
   if (prior_.weights == WeightPrior::kStickBreaking) {
     // Blei & Jordan (2006): a_k = 1 + N_k, b_k = alpha0 + sum_{j>k} N_j.
     p.alpha.resize(0);
@@ -252,6 +253,7 @@ void Model::update(const Stats& s) {
     p.nu[k] = prior_.nu0 + nk;
     const VectorXd mc = (prior_.beta0 * m0c + Eigen::Map<const VectorXd>(s.sx(k), d)) / p.beta[k];
     p.m.row(k) = (mc + shift_).transpose();
+    m_shifted.row(k) = mc.transpose();
     if (cov_ == Covariance::kFull) {
       MatrixXd wi = prior_.W0_inv + prior_.beta0 * m0c * m0c.transpose() + s.sxx_matrix(k) -
                     p.beta[k] * mc * mc.transpose();
@@ -261,7 +263,9 @@ void Model::update(const Stats& s) {
                    Eigen::Map<const VectorXd>(s.sxx(k), d) - p.beta[k] * mc.cwiseAbs2();
     }
   }
-  set_posterior(std::move(p));
+  post_ = std::move(p);
+  m_shifted_ = std::move(m_shifted);
+  refresh();
 }
 
 namespace {
@@ -281,12 +285,14 @@ void Model::update_ml(const Stats& s) {
   MlParams p;
   p.weights.resize(kk);
   p.means.resize(kk, d);
+  RowMatrix m_shifted(kk, d);  // mu_k - c, kept exactly: see refresh()
   p.covariances.resize(kk);
   for (int k = 0; k < kk; ++k) {
     const double nk = s.n(k) + 10 * eps;
     p.weights[k] = nk;
     const VectorXd mc = Eigen::Map<const VectorXd>(s.sx(k), d) / nk;
     p.means.row(k) = (mc + shift_).transpose();
+    m_shifted.row(k) = mc.transpose();
     if (cov_ == Covariance::kFull) {
       const MatrixXd raw = s.sxx_matrix(k) / nk;
       MatrixXd c = raw - mc * mc.transpose();
@@ -309,12 +315,15 @@ void Model::update_ml(const Stats& s) {
     }
   }
   p.weights /= p.weights.sum();
-  set_ml_params(std::move(p));
+  ml_ = std::move(p);
+  m_shifted_ = std::move(m_shifted);
+  refresh_ml();
 }
 
 void Model::set_ml_params(MlParams p) {
   if (p.weights.size() != k_) throw Error("parameters have the wrong number of components");
   ml_ = std::move(p);
+  m_shifted_ = ml_.means.rowwise() - shift_.transpose();
   refresh_ml();
 }
 
@@ -325,7 +334,6 @@ void Model::refresh_ml() {
   logdet_w_.resize(kk);
   log_rho_base_.resize(kk);
   quad_scale_ = VectorXd::Ones(kk);
-  m_shifted_ = ml_.means.rowwise() - shift_.transpose();
   prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
   w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
   for (int k = 0; k < kk; ++k) {
@@ -352,6 +360,11 @@ void Model::set_posterior(Posterior post) {
   if (kw != k_ || post.beta.size() != k_)
     throw Error("posterior has the wrong number of components");
   post_ = std::move(post);
+  // Means from outside (a model file) exist only in absolute coordinates. The M-steps instead
+  // overwrite m_shifted_ with the exact m_k - c they computed: re-deriving it from m_k loses
+  // everything below ulp(c), which is all of it for data far from the origin relative to their
+  // spread (found by tests/unit/test_fuzz_gmm.cpp).
+  m_shifted_ = post_.m.rowwise() - shift_.transpose();
   refresh();
 }
 
@@ -373,7 +386,6 @@ void Model::refresh() {
   }
   e_logdet_.resize(kk);
   logdet_w_.resize(kk);
-  m_shifted_ = post_.m.rowwise() - shift_.transpose();
   prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
   w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
   for (int k = 0; k < kk; ++k) {
@@ -473,7 +485,8 @@ double Model::elbo(const Stats& s) const {
   }
   for (int k = 0; k < kk; ++k) {
     const double bk = post_.beta[k], nuk = post_.nu[k];
-    const VectorXd dm = (post_.m.row(k).transpose() - prior_.m0);
+    // (m_k - c) - (m0 - c): both small when the data sit far from the origin.
+    const VectorXd dm = m_shifted_.row(k).transpose() - (prior_.m0 - shift_);
     // Gaussian parts; the E[ln|Lambda_k|]/2 of (10.74) and (10.77) cancel.
     double quad_m, tr_w0inv_w;
     if (cov_ == Covariance::kFull) {
