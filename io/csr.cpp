@@ -13,44 +13,15 @@
 #include "comm/mpi_native.hpp"
 #include "core/error.hpp"
 #include "core/partition.hpp"
+#include "io/h5_handle.hpp"
 
 namespace caviar::io {
 
 namespace {
 
-// Owns one HDF5 identifier (the same idea as h5.cpp's handle, kept private to this file).
-class Id {
- public:
-  Id() = default;
-  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Id(Id&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
-  Id& operator=(Id&& o) noexcept {
-    reset();
-    id_ = std::exchange(o.id_, -1);
-    close_ = o.close_;
-    return *this;
-  }
-  ~Id() { reset(); }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-  hid_t get() const { return id_; }
-  hid_t release() { return std::exchange(id_, -1); }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-Id must(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
-  if (id < 0) throw Error(what);
-  return Id(id, close);
-}
-
-void must(herr_t rc, const std::string& what) {
-  if (rc < 0) throw Error(what);
-}
+using detail::check;
+using detail::checked;
+using detail::Handle;
 
 std::string join(const std::string& group, const std::string& name) {
   if (group.empty() || group == "/") return "/" + name;
@@ -61,17 +32,17 @@ std::string where(const DataRef& ref, const std::string& name) {
   return ref.file + ":" + join(ref.path, name);
 }
 
-Id open_parallel(const Comm& comm, const std::string& path) {
+Handle open_parallel(const Comm& comm, const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error("cannot open '" + path + "': " + std::strerror(errno));
   std::fclose(f);
   if (H5Fis_hdf5(path.c_str()) <= 0)
     throw Error("'" + path + "' is not an HDF5 file (or is truncated/corrupt)");
-  Id fapl = must(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate failed");
-  must(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
-  return must(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
-              "cannot open HDF5 file '" + path + "'");
+  Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate failed");
+  check(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
+  return checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
+                 "cannot open HDF5 file '" + path + "'");
 }
 
 bool exists(hid_t file, const std::string& path) {
@@ -87,21 +58,21 @@ bool exists(hid_t file, const std::string& path) {
 }
 
 // Opens a 1-D numeric dataset and returns its length.
-Id open_1d(hid_t file, const DataRef& ref, const std::string& name, std::int64_t* length,
-           bool numeric = true) {
+Handle open_1d(hid_t file, const DataRef& ref, const std::string& name, std::int64_t* length,
+               bool numeric = true) {
   const std::string p = join(ref.path, name);
   if (!exists(file, p))
     throw Error("no dataset '" + p + "' in '" + ref.file +
                 "' (a corpus needs indptr, indices and data: the scipy CSR layout)");
-  Id d = must(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose,
-              "'" + p + "' in '" + ref.file + "' is not a dataset");
-  Id space = must(H5Dget_space(d.get()), H5Sclose, "cannot read dataspace");
+  Handle d = checked(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose,
+                     "'" + p + "' in '" + ref.file + "' is not a dataset");
+  Handle space = checked(H5Dget_space(d.get()), H5Sclose, "cannot read dataspace");
   if (H5Sget_simple_extent_ndims(space.get()) != 1)
     throw Error(where(ref, name) + " must be a 1-D array");
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space.get(), &n, nullptr);
   if (numeric) {
-    Id type = must(H5Dget_type(d.get()), H5Tclose, "cannot read dataset type");
+    Handle type = checked(H5Dget_type(d.get()), H5Tclose, "cannot read dataset type");
     const H5T_class_t cls = H5Tget_class(type.get());
     if (cls != H5T_INTEGER && cls != H5T_FLOAT)
       throw Error(where(ref, name) + " has a non-numeric type");
@@ -113,23 +84,23 @@ Id open_1d(hid_t file, const DataRef& ref, const std::string& name, std::int64_t
 // Collective read of elements [begin, end) of a 1-D dataset into memory type `mem`.
 void read_slice(hid_t dset, hid_t mem, std::int64_t begin, std::int64_t end, void* out,
                 const std::string& what) {
-  Id fspace = must(H5Dget_space(dset), H5Sclose, "cannot read dataspace");
+  Handle fspace = checked(H5Dget_space(dset), H5Sclose, "cannot read dataspace");
   const hsize_t count = static_cast<hsize_t>(end - begin);
   const hsize_t mcount = std::max<hsize_t>(count, 1);
-  Id mspace = must(H5Screate_simple(1, &mcount, nullptr), H5Sclose, "H5Screate failed");
+  Handle mspace = checked(H5Screate_simple(1, &mcount, nullptr), H5Sclose, "H5Screate failed");
   if (count > 0) {
     const hsize_t start = static_cast<hsize_t>(begin);
-    must(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-         "cannot select " + what);
+    check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+          "cannot select " + what);
   } else {
     H5Sselect_none(fspace.get());
     H5Sselect_none(mspace.get());
   }
-  Id dxpl = must(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "H5Pcreate failed");
+  Handle dxpl = checked(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "H5Pcreate failed");
   H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
   double dummy = 0;
-  must(H5Dread(dset, mem, mspace.get(), fspace.get(), dxpl.get(), count > 0 ? out : &dummy),
-       "cannot read " + what + " (corrupt file?)");
+  check(H5Dread(dset, mem, mspace.get(), fspace.get(), dxpl.get(), count > 0 ? out : &dummy),
+        "cannot read " + what + " (corrupt file?)");
 }
 
 // The vocabulary size: the length of <group>/vocab, else the group's "shape" attribute [D, V].
@@ -138,13 +109,13 @@ std::int64_t vocab_size(hid_t file, const DataRef& ref, std::int64_t n_docs) {
   if (exists(file, join(ref.path, "vocab"))) open_1d(file, ref, "vocab", &v_vocab, false);
   const std::string g = ref.path.empty() ? "/" : ref.path;
   if (H5Aexists_by_name(file, g.c_str(), "shape", H5P_DEFAULT) > 0) {
-    Id a = must(H5Aopen_by_name(file, g.c_str(), "shape", H5P_DEFAULT, H5P_DEFAULT), H5Aclose,
-                "cannot open attribute 'shape'");
-    Id space = must(H5Aget_space(a.get()), H5Sclose, "cannot read attribute space");
+    Handle a = checked(H5Aopen_by_name(file, g.c_str(), "shape", H5P_DEFAULT, H5P_DEFAULT),
+                       H5Aclose, "cannot open attribute 'shape'");
+    Handle space = checked(H5Aget_space(a.get()), H5Sclose, "cannot read attribute space");
     if (H5Sget_simple_extent_npoints(space.get()) != 2)
       throw Error(ref.file + ":" + g + " has a 'shape' attribute that is not [documents, words]");
     std::int64_t shape[2];
-    must(H5Aread(a.get(), H5T_NATIVE_INT64, shape), "cannot read attribute 'shape'");
+    check(H5Aread(a.get(), H5T_NATIVE_INT64, shape), "cannot read attribute 'shape'");
     if (shape[0] != n_docs)
       throw Error(ref.file + ":" + g + " attribute shape[0] = " + std::to_string(shape[0]) +
                   " but indptr describes " + std::to_string(n_docs) + " documents");
@@ -199,9 +170,9 @@ std::vector<std::int64_t> read_indptr(const Comm& comm, const DataRef& ref, Corp
   std::vector<std::int64_t> indptr;
   CorpusInfo ci;
   comm.agree([&] {
-    Id file = open_parallel(comm, ref.file);
+    Handle file = open_parallel(comm, ref.file);
     std::int64_t n_ptr = 0, n_ind = 0, n_dat = 0;
-    Id dp = open_1d(file.get(), ref, "indptr", &n_ptr);
+    Handle dp = open_1d(file.get(), ref, "indptr", &n_ptr);
     open_1d(file.get(), ref, "indices", &n_ind);
     open_1d(file.get(), ref, "data", &n_dat);
     if (n_ptr < 2)
@@ -247,10 +218,10 @@ lda::Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
   std::vector<std::int64_t> idx(static_cast<std::size_t>(e1 - e0));
   c.counts.resize(static_cast<std::size_t>(e1 - e0));
   comm.agree([&] {
-    Id file = open_parallel(comm, ref.file);
+    Handle file = open_parallel(comm, ref.file);
     std::int64_t n = 0;
-    Id di = open_1d(file.get(), ref, "indices", &n);
-    Id dd = open_1d(file.get(), ref, "data", &n);
+    Handle di = open_1d(file.get(), ref, "indices", &n);
+    Handle dd = open_1d(file.get(), ref, "data", &n);
     read_slice(di.get(), H5T_NATIVE_INT64, e0, e1, idx.data(), where(ref, "indices"));
     read_slice(dd.get(), H5T_NATIVE_DOUBLE, e0, e1, c.counts.data(), where(ref, "data"));
   });
@@ -314,9 +285,9 @@ lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) 
     const std::int64_t e1 = b1 > b0 ? indptr[block_docs(b1 - 1).second] : 0;
     std::vector<double> data(static_cast<std::size_t>(e1 - e0));
     comm.agree([&] {
-      Id file = open_parallel(comm, ref.file);
+      Handle file = open_parallel(comm, ref.file);
       std::int64_t n = 0;
-      Id dd = open_1d(file.get(), ref, "data", &n);
+      Handle dd = open_1d(file.get(), ref, "data", &n);
       read_slice(dd.get(), H5T_NATIVE_DOUBLE, e0, e1, data.data(), where(ref, "data"));
     });
     comm.raise_if_any(check_counts(ref, indptr, e0, data));
@@ -373,19 +344,20 @@ void write_corpus(const Comm& comm, const std::string& path, const lda::Corpus& 
 
   try {
     comm.agree([&] {
-      Id fapl = must(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate failed");
-      must(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
-      Id file = must(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
-                     "cannot create output '" + path + "'");
+      Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate failed");
+      check(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
+      Handle file = checked(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                            H5Fclose, "cannot create output '" + path + "'");
       auto write = [&](const char* name, hid_t type, std::int64_t total, std::int64_t off,
                        std::int64_t n, const void* data) {
         const hsize_t g = static_cast<hsize_t>(total);
-        Id fspace = must(H5Screate_simple(1, &g, nullptr), H5Sclose, "H5Screate failed");
-        Id d = must(
+        Handle fspace = checked(H5Screate_simple(1, &g, nullptr), H5Sclose, "H5Screate failed");
+        Handle d = checked(
             H5Dcreate2(file.get(), name, type, fspace.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
             H5Dclose, std::string("cannot create ") + name + " in '" + path + "'");
         const hsize_t count = static_cast<hsize_t>(n), mcount = std::max<hsize_t>(count, 1);
-        Id mspace = must(H5Screate_simple(1, &mcount, nullptr), H5Sclose, "H5Screate failed");
+        Handle mspace =
+            checked(H5Screate_simple(1, &mcount, nullptr), H5Sclose, "H5Screate failed");
         if (n > 0) {
           const hsize_t start = static_cast<hsize_t>(off);
           H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr);
@@ -393,17 +365,18 @@ void write_corpus(const Comm& comm, const std::string& path, const lda::Corpus& 
           H5Sselect_none(fspace.get());
           H5Sselect_none(mspace.get());
         }
-        Id dxpl = must(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "H5Pcreate failed");
+        Handle dxpl = checked(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "H5Pcreate failed");
         H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
         std::int64_t dummy = 0;
-        must(H5Dwrite(d.get(), type, mspace.get(), fspace.get(), dxpl.get(), n > 0 ? data : &dummy),
-             std::string("cannot write ") + name + " to '" + path + "'");
+        check(
+            H5Dwrite(d.get(), type, mspace.get(), fspace.get(), dxpl.get(), n > 0 ? data : &dummy),
+            std::string("cannot write ") + name + " to '" + path + "'");
       };
       write("indptr", H5T_NATIVE_INT64, n_docs + 1, doc_off, static_cast<std::int64_t>(ptr.size()),
             ptr.data());
       write("indices", H5T_NATIVE_INT32, nnz, nnz_off, local.nnz(), local.words.data());
       write("data", H5T_NATIVE_INT32, nnz, nnz_off, local.nnz(), cnt.data());
-      must(H5Fclose(file.release()), "cannot finish writing '" + path + "'");
+      check(H5Fclose(file.release()), "cannot finish writing '" + path + "'");
     });
   } catch (const Error&) {
     if (comm.is_root()) std::remove(tmp.c_str());
@@ -413,31 +386,31 @@ void write_corpus(const Comm& comm, const std::string& path, const lda::Corpus& 
   std::string err;
   if (comm.is_root()) {
     try {
-      Id file = must(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
-                     "cannot reopen '" + tmp + "'");
+      Handle file = checked(H5Fopen(tmp.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose,
+                            "cannot reopen '" + tmp + "'");
       const hsize_t two = 2;
-      Id space = must(H5Screate_simple(1, &two, nullptr), H5Sclose, "H5Screate failed");
-      Id a = must(
+      Handle space = checked(H5Screate_simple(1, &two, nullptr), H5Sclose, "H5Screate failed");
+      Handle a = checked(
           H5Acreate2(file.get(), "shape", H5T_NATIVE_INT64, space.get(), H5P_DEFAULT, H5P_DEFAULT),
           H5Aclose, "cannot create attribute 'shape'");
       const std::int64_t shape[2] = {n_docs, n_words};
-      must(H5Awrite(a.get(), H5T_NATIVE_INT64, shape), "cannot write attribute 'shape'");
+      check(H5Awrite(a.get(), H5T_NATIVE_INT64, shape), "cannot write attribute 'shape'");
       a.reset();
       if (!vocab.empty()) {
-        Id type = must(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy failed");
+        Handle type = checked(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy failed");
         H5Tset_size(type.get(), H5T_VARIABLE);
         H5Tset_cset(type.get(), H5T_CSET_UTF8);
         const hsize_t v = vocab.size();
-        Id vs = must(H5Screate_simple(1, &v, nullptr), H5Sclose, "H5Screate failed");
-        Id d = must(H5Dcreate2(file.get(), "vocab", type.get(), vs.get(), H5P_DEFAULT, H5P_DEFAULT,
-                               H5P_DEFAULT),
-                    H5Dclose, "cannot create vocab in '" + path + "'");
+        Handle vs = checked(H5Screate_simple(1, &v, nullptr), H5Sclose, "H5Screate failed");
+        Handle d = checked(H5Dcreate2(file.get(), "vocab", type.get(), vs.get(), H5P_DEFAULT,
+                                      H5P_DEFAULT, H5P_DEFAULT),
+                           H5Dclose, "cannot create vocab in '" + path + "'");
         std::vector<const char*> p(vocab.size());
         for (std::size_t i = 0; i < vocab.size(); ++i) p[i] = vocab[i].c_str();
-        must(H5Dwrite(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()),
-             "cannot write vocab to '" + path + "'");
+        check(H5Dwrite(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, p.data()),
+              "cannot write vocab to '" + path + "'");
       }
-      must(H5Fclose(file.release()), "cannot finish writing '" + path + "'");
+      check(H5Fclose(file.release()), "cannot finish writing '" + path + "'");
       if (std::rename(tmp.c_str(), path.c_str()) != 0)
         throw Error("cannot move output into place at '" + path + "': " + std::strerror(errno));
     } catch (const Error& e) {

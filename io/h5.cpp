@@ -12,6 +12,7 @@
 
 #include "comm/mpi_native.hpp"
 #include "core/error.hpp"
+#include "io/h5_handle.hpp"
 
 static_assert(sizeof(hid_t) == sizeof(std::int64_t), "hid_t must be 64-bit (HDF5 >= 1.10)");
 
@@ -28,39 +29,9 @@ void silence_hdf5() {
   (void)done;
 }
 
-// Owns one HDF5 identifier and closes it with the matching H5?close.
-class Handle {
- public:
-  Handle() = default;
-  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
-  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
-  Handle& operator=(Handle&& o) noexcept {
-    reset();
-    id_ = std::exchange(o.id_, -1);
-    close_ = o.close_;
-    return *this;
-  }
-  ~Handle() { reset(); }
-  void reset() {
-    if (id_ >= 0 && close_) close_(id_);
-    id_ = -1;
-  }
-  hid_t get() const { return id_; }
-  hid_t release() { return std::exchange(id_, -1); }
-
- private:
-  hid_t id_ = -1;
-  herr_t (*close_)(hid_t) = nullptr;
-};
-
-Handle checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
-  if (id < 0) throw Error(what);
-  return Handle(id, close);
-}
-
-void check(herr_t rc, const std::string& what) {
-  if (rc < 0) throw Error(what);
-}
+using detail::check;
+using detail::checked;
+using detail::Handle;
 
 bool file_exists(const std::string& path) {
   struct stat st;

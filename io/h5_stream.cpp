@@ -6,22 +6,14 @@
 
 #include "comm/mpi_native.hpp"
 #include "core/error.hpp"
+#include "io/h5_handle.hpp"
 
 namespace caviar::io {
 
 namespace {
 
-struct Closer {
-  hid_t id;
-  herr_t (*close)(hid_t);
-  ~Closer() {
-    if (id >= 0) close(id);
-  }
-};
-
-void check(herr_t rc, const std::string& what) {
-  if (rc < 0) throw Error(what);
-}
+using detail::check;
+using detail::Handle;
 
 }  // namespace
 
@@ -29,9 +21,9 @@ RowStream::RowStream(const Comm& comm, const DataRef& ref, MatrixShape shape)
     : comm_(comm), ref_(ref), shape_(shape) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   comm.agree([&] {
-    Closer fapl{H5Pcreate(H5P_FILE_ACCESS), H5Pclose};
-    check(H5Pset_fapl_mpio(fapl.id, native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
-    file_ = H5Fopen(ref.file.c_str(), H5F_ACC_RDONLY, fapl.id);
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    check(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
+    file_ = H5Fopen(ref.file.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (file_ < 0) throw Error("cannot open HDF5 file '" + ref.file + "'");
     dset_ = H5Dopen2(file_, ref.path.c_str(), H5P_DEFAULT);
     if (dset_ < 0) throw Error("cannot open dataset " + ref.str());
@@ -47,21 +39,21 @@ RowMatrix RowStream::read_range(RowRange range) const {
   std::vector<std::int64_t> none;
   RowMatrix out(range.size(), shape_.cols);
   comm_.agree([&] {
-    Closer fspace{H5Dget_space(dset_), H5Sclose};
+    Handle fspace(H5Dget_space(dset_), H5Sclose);
     const hsize_t count[2] = {static_cast<hsize_t>(range.size()),
                               static_cast<hsize_t>(shape_.cols)};
-    Closer mspace{H5Screate_simple(2, count, nullptr), H5Sclose};
+    Handle mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
     if (range.size() > 0) {
       const hsize_t start[2] = {static_cast<hsize_t>(range.begin), 0};
-      check(H5Sselect_hyperslab(fspace.id, H5S_SELECT_SET, start, nullptr, count, nullptr),
+      check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
             "cannot select rows of " + ref_.str());
     } else {
-      H5Sselect_none(fspace.id);
-      H5Sselect_none(mspace.id);
+      H5Sselect_none(fspace.get());
+      H5Sselect_none(mspace.get());
     }
-    Closer dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
-    H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);
-    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id, out.data()),
+    Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), dxpl.get(), out.data()),
           "cannot read rows of " + ref_.str());
   });
   return out;
@@ -70,16 +62,16 @@ RowMatrix RowStream::read_range(RowRange range) const {
 RowMatrix RowStream::read_rows(std::span<const std::int64_t> rows) const {
   RowMatrix out(static_cast<Eigen::Index>(rows.size()), shape_.cols);
   comm_.agree([&] {
-    Closer fspace{H5Dget_space(dset_), H5Sclose};
+    Handle fspace(H5Dget_space(dset_), H5Sclose);
     const hsize_t mcount[2] = {static_cast<hsize_t>(rows.size()),
                                static_cast<hsize_t>(shape_.cols)};
-    Closer mspace{H5Screate_simple(2, mcount, nullptr), H5Sclose};
+    Handle mspace(H5Screate_simple(2, mcount, nullptr), H5Sclose);
     // One point selection of every (row, column): linear in its size, whereas OR-ing thousands
     // of one-row hyperslabs is quadratic in HDF5 (measured: ~28 s per 20000-row step). Points are
     // read in the order listed, into the contiguous memory block.
     if (rows.empty()) {
-      H5Sselect_none(fspace.id);
-      H5Sselect_none(mspace.id);
+      H5Sselect_none(fspace.get());
+      H5Sselect_none(mspace.get());
     } else {
       std::vector<hsize_t> coords;
       coords.reserve(rows.size() * static_cast<std::size_t>(shape_.cols) * 2);
@@ -91,12 +83,12 @@ RowMatrix RowStream::read_rows(std::span<const std::int64_t> rows) const {
           coords.push_back(static_cast<hsize_t>(j));
         }
       }
-      check(H5Sselect_elements(fspace.id, H5S_SELECT_SET, coords.size() / 2, coords.data()),
+      check(H5Sselect_elements(fspace.get(), H5S_SELECT_SET, coords.size() / 2, coords.data()),
             "cannot select rows of " + ref_.str());
     }
-    Closer dxpl{H5Pcreate(H5P_DATASET_XFER), H5Pclose};
-    H5Pset_dxpl_mpio(dxpl.id, H5FD_MPIO_COLLECTIVE);
-    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.id, fspace.id, dxpl.id, out.data()),
+    Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+    H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
+    check(H5Dread(dset_, H5T_NATIVE_DOUBLE, mspace.get(), fspace.get(), dxpl.get(), out.data()),
           "cannot read rows of " + ref_.str());
   });
   return out;

@@ -71,6 +71,22 @@ class Comm {
     raise_if_any(message);
   }
 
+  // Runs f on rank 0 only (e.g. writing a small file) and agrees on its outcome: a caviar::Error
+  // there becomes the same Error on every rank.
+  template <class F>
+  void on_root(F&& f) const {
+    std::string message;
+    if (is_root()) {
+      try {
+        f();
+      } catch (const Error& e) {
+        message = e.what();
+        if (message.empty()) message = "unknown error";
+      }
+    }
+    raise_if_any(message);
+  }
+
   // Opaque handle for io/ (see mpi_native.hpp).
   const void* native_handle() const { return &handle_; }
 

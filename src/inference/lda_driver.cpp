@@ -27,21 +27,6 @@ std::vector<std::int64_t> iota(std::int64_t n) {
   return v;
 }
 
-// Runs f on rank 0 only and agrees on its outcome.
-template <class F>
-void on_root(const Comm& comm, F&& f) {
-  std::string err;
-  if (comm.is_root()) {
-    try {
-      f();
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  comm.broadcast(err, 0);
-  if (!err.empty()) throw Error(err);
-}
-
 // Held-out perplexity of `model` on a corpus already read (document completion).
 ScoreResult completion_score(const Comm& comm, const Model& model, const Corpus& c,
                              std::int64_t n_docs, const LocalOptions& local) {
@@ -94,7 +79,7 @@ void check_vocab(const Comm& comm, const LoadedModel& m, const io::DataRef& ref,
   if (n_words != m.model.n_words())
     throw Error(ref.str() + " has a vocabulary of " + std::to_string(n_words) +
                 " words but the model has " + std::to_string(m.model.n_words()));
-  on_root(comm, [&] {
+  comm.on_root([&] {
     const auto vocab = io::read_vocab(ref);
     if (vocab.empty() || m.vocab.empty()) return;
     for (std::size_t i = 0; i < vocab.size(); ++i)
@@ -358,7 +343,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   res.seconds = seconds_since(t0) - eval_seconds;
 
   if (!o.out.empty()) {
-    on_root(comm, [&] {
+    comm.on_root([&] {
       const auto vocab = io::read_vocab(ref);
       write_model_file(o.out, model, vocab, [&](io::FileWriter& w) {
         w.write("trace/elbo", res.trace, {res.trace.size()});
@@ -423,7 +408,7 @@ std::vector<Topic> topics(const std::string& model_file, int top) {
 
 void export_topics(const Comm& comm, const std::string& model_file, const std::string& out) {
   io::check_output_path(comm, out, {model_file});
-  on_root(comm, [&] {
+  comm.on_root([&] {
     const LoadedModel m = load_model(model_file);
     write_model_file(out, m.model, m.vocab, nullptr);
   });
@@ -436,7 +421,7 @@ void import_topics(const Comm& comm, const std::string& components, std::optiona
   std::vector<std::string> inputs{ref.file};
   if (!vocab_from.empty()) inputs.push_back(io::DataRef::parse(vocab_from, "/").file);
   io::check_output_path(comm, out, inputs);
-  on_root(comm, [&] {
+  comm.on_root([&] {
     io::FileReader r(ref.file);
     io::Dims dims;
     if (!r.has(ref.path)) throw Error("no dataset '" + ref.path + "' in '" + ref.file + "'");
@@ -558,7 +543,7 @@ void generate(const Comm& comm, const GenerateOptions& o) {
   make(0, o.docs, o.out);
   if (!o.heldout.empty()) make(o.docs, o.heldout_docs, o.heldout);
   if (!o.truth.empty()) {
-    on_root(comm, [&] {
+    comm.on_root([&] {
       io::FileWriter w(o.truth);
       w.write("topic_word", std::span<const double>(beta.data(), beta.size()),
               {static_cast<std::uint64_t>(o.topics), static_cast<std::uint64_t>(o.words)});

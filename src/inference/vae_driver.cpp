@@ -180,25 +180,11 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   return a;
 }
 
-// Rank 0 runs f (which writes a file); its outcome is agreed by every rank.
-template <class F>
-void on_root(const Comm& comm, F&& f) {
-  std::string err;
-  if (comm.is_root()) {
-    try {
-      f();
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  comm.raise_if_any(err);
-}
-
 void write_checkpoint(const Comm& comm, const std::string& path, const TrainOptions& o,
                       const Architecture& a, const ParamVec& params, Adam& adam, int epoch,
                       const std::vector<double>& train_trace,
                       const std::vector<double>& test_trace) {
-  on_root(comm, [&] {
+  comm.on_root([&] {
     io::FileWriter w(path);
     write_architecture(w, a);
     const std::uint64_t n = params.size();
@@ -256,7 +242,7 @@ Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const Trai
 
 void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
                  const TrainResult& res) {
-  on_root(comm, [&] {
+  comm.on_root([&] {
     io::FileWriter w(o.out);
     write_architecture(w, layout.arch);
     // Weights by layer name; a layer with two heads is saved as two (rows split evenly).
@@ -542,7 +528,7 @@ std::string shell_quote(const std::string& s) {
 // Rank 0 writes /images (n x D) with the grid shape, then renders the PNG with matplotlib.
 void write_images(const Comm& comm, const ImageOptions& o, const Mat<float>& images,
                   std::int64_t grid_rows, std::int64_t grid_cols, const std::string& kind) {
-  on_root(comm, [&] {
+  comm.on_root([&] {
     std::string h5 = o.images_out;
     const bool temporary = h5.empty();
     if (temporary) h5 = o.png + ".tmp-caviar-images.h5";

@@ -1,0 +1,51 @@
+#pragma once
+// Internal to io/: RAII ownership of HDF5 identifiers, shared by the readers and writers in
+// h5.cpp, h5_stream.cpp and csr.cpp. Includes <hdf5.h>, so only io/ sources may include it.
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+
+#include "core/error.hpp"
+
+namespace caviar::io::detail {
+
+// Owns one HDF5 identifier and closes it with the matching H5?close.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    reset();
+    id_ = std::exchange(o.id_, -1);
+    close_ = o.close_;
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+  void reset() {
+    if (id_ >= 0 && close_) close_(id_);
+    id_ = -1;
+  }
+  hid_t get() const { return id_; }
+  hid_t release() { return std::exchange(id_, -1); }
+
+ private:
+  hid_t id_ = -1;
+  herr_t (*close_)(hid_t) = nullptr;
+};
+
+// An identifier from an H5*create/open call, owned; a negative one throws `what`.
+inline Handle checked(hid_t id, herr_t (*close)(hid_t), const std::string& what) {
+  if (id < 0) throw Error(what);
+  return Handle(id, close);
+}
+
+// A status from an HDF5 call; a negative one throws `what`.
+inline void check(herr_t rc, const std::string& what) {
+  if (rc < 0) throw Error(what);
+}
+
+}  // namespace caviar::io::detail
