@@ -34,34 +34,18 @@ std::string where(const DataRef& ref, const std::string& name) {
 
 Handle open_parallel(const Comm& comm, const std::string& path) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw Error("cannot open '" + path + "': " + std::strerror(errno));
-  std::fclose(f);
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw Error("'" + path + "' is not an HDF5 file (or is truncated/corrupt)");
   Handle fapl = checked(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "H5Pcreate failed");
   check(H5Pset_fapl_mpio(fapl.get(), native(comm), MPI_INFO_NULL), "H5Pset_fapl_mpio failed");
-  return checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose,
-                 "cannot open HDF5 file '" + path + "'");
+  return detail::open_file(path, fapl.get());
 }
 
-bool exists(hid_t file, const std::string& path) {
-  // Check each intermediate link, as H5Lexists requires.
-  std::size_t pos = 0;
-  while (true) {
-    pos = path.find('/', pos + 1);
-    const std::string prefix = path.substr(0, pos);
-    if (!prefix.empty() && prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
-      return false;
-    if (pos == std::string::npos) return true;
-  }
-}
+using detail::link_exists;
 
 // Opens a 1-D numeric dataset and returns its length.
 Handle open_1d(hid_t file, const DataRef& ref, const std::string& name, std::int64_t* length,
                bool numeric = true) {
   const std::string p = join(ref.path, name);
-  if (!exists(file, p))
+  if (!link_exists(file, p))
     throw Error("no dataset '" + p + "' in '" + ref.file +
                 "' (a corpus needs indptr, indices and data: the scipy CSR layout)");
   Handle d = checked(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose,
@@ -106,7 +90,7 @@ void read_slice(hid_t dset, hid_t mem, std::int64_t begin, std::int64_t end, voi
 // The vocabulary size: the length of <group>/vocab, else the group's "shape" attribute [D, V].
 std::int64_t vocab_size(hid_t file, const DataRef& ref, std::int64_t n_docs) {
   std::int64_t v_vocab = -1, v_shape = -1;
-  if (exists(file, join(ref.path, "vocab"))) open_1d(file, ref, "vocab", &v_vocab, false);
+  if (link_exists(file, join(ref.path, "vocab"))) open_1d(file, ref, "vocab", &v_vocab, false);
   const std::string g = ref.path.empty() ? "/" : ref.path;
   if (H5Aexists_by_name(file, g.c_str(), "shape", H5P_DEFAULT) > 0) {
     Handle a = checked(H5Aopen_by_name(file, g.c_str(), "shape", H5P_DEFAULT, H5P_DEFAULT),

@@ -32,6 +32,8 @@ void silence_hdf5() {
 using detail::check;
 using detail::checked;
 using detail::Handle;
+using detail::link_exists;
+using detail::open_file;
 
 bool file_exists(const std::string& path) {
   struct stat st;
@@ -40,27 +42,6 @@ bool file_exists(const std::string& path) {
 
 std::string tmp_name(const std::string& path) {
   return path + ".tmp-caviar";
-}
-
-// Opens an existing file; `fapl` selects serial or MPI-IO access.
-Handle open_file(const std::string& path, hid_t fapl) {
-  if (!file_exists(path)) throw Error("cannot open '" + path + "': no such file");
-  if (H5Fis_hdf5(path.c_str()) <= 0)
-    throw Error("'" + path + "' is not an HDF5 file (or is truncated/corrupt)");
-  return checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose,
-                 "cannot open HDF5 file '" + path + "' (truncated or corrupt?)");
-}
-
-// Does `path` name an existing link, checking every intermediate group (H5Lexists needs that).
-bool link_exists(hid_t file, const std::string& path) {
-  std::size_t pos = 0;
-  while (true) {
-    pos = path.find('/', pos + 1);
-    const std::string prefix = path.substr(0, pos);
-    if (!prefix.empty() && prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
-      return false;
-    if (pos == std::string::npos) return true;
-  }
 }
 
 Handle open_dataset(hid_t file, const std::string& file_name, const std::string& path) {
@@ -123,6 +104,30 @@ Handle utf8_string_type() {
 }
 
 }  // namespace
+
+namespace detail {
+
+Handle open_file(const std::string& path, hid_t fapl) {
+  if (!file_exists(path)) throw Error("cannot open '" + path + "': no such file");
+  if (H5Fis_hdf5(path.c_str()) <= 0)
+    throw Error("'" + path + "' is not an HDF5 file (or is truncated/corrupt)");
+  return checked(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), H5Fclose,
+                 "cannot open HDF5 file '" + path + "' (truncated or corrupt?)");
+}
+
+bool link_exists(hid_t file, const std::string& path) {
+  std::size_t pos = 0;
+  while (true) {
+    pos = path.find('/', pos + 1);
+    const std::string prefix = path.substr(0, pos);
+    if (!prefix.empty() && prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
+      return false;
+    if (pos == std::string::npos) return true;
+  }
+}
+
+}  // namespace detail
+
 
 DataRef DataRef::parse(const std::string& spec, const std::string& default_path) {
   // The dataset path starts at the last ':' followed by '/', so file names may contain ':'.

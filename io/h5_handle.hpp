@@ -48,4 +48,11 @@ inline void check(herr_t rc, const std::string& what) {
   if (rc < 0) throw Error(what);
 }
 
+// Opens an existing file read-only; `fapl` selects serial or MPI-IO access. A missing file, a
+// file that is not HDF5 and a corrupt one each throw their own one-line message.
+Handle open_file(const std::string& path, hid_t fapl);
+
+// Does `path` name an existing link, checking every intermediate group (H5Lexists needs that).
+bool link_exists(hid_t file, const std::string& path);
+
 }  // namespace caviar::io::detail
