@@ -71,6 +71,10 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->add_flag("--stream", o->stream,
                 "Read rows from the file per minibatch / chunk; never hold the whole dataset");
   fit->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk of a streamed full pass");
+  fit->add_flag("--fast-reduce", o->fast_reduce,
+                "Sum statistics in plain double instead of exactly: faster, but results then "
+                "change in their last bits with the number of ranks and threads "
+                "(docs/reproducibility.md)");
   fit->add_option("--full-elbo-every", o->full_elbo_every,
                   "SVI: also compute the full ELBO every S steps (not timed)");
   fit->add_option("--heldout", o->heldout,

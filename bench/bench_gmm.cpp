@@ -3,7 +3,7 @@
 // plus the machine's DGEMM rate measured in the same run (the yardstick for GFLOP/s).
 //
 //   OMP_NUM_THREADS=2 build/bench/bench_gmm                 # all shapes
-//   build/bench/bench_gmm --benchmark_filter='Cavi.*/2/'     # one shape
+//   build/bench/bench_gmm --benchmark_filter='Cavi.*/2/'     # one shape (/0: fast, /1: exact sums)
 //
 // Counters: "NK/s" = points x components per second of one iteration; "GFLOP/s" against a
 // nominal flop count (full covariance: 2 D^2 for the E-step product with the D x D Cholesky
@@ -80,18 +80,31 @@ void set_counters(benchmark::State& state, Shape s, Covariance cov, double flops
 }
 
 // One whole CAVI iteration as the driver runs it on one rank: E-step + statistics, ELBO, M-step.
+// Second argument 1: exact statistic sums (the default of `caviar gmm fit`; see Stats), 0: plain
+// double sums (--fast-reduce). Their ratio is the cost of bitwise reproducibility.
 void CaviIteration(benchmark::State& state, Covariance cov) {
   const int si = static_cast<int>(state.range(0));
+  const bool exact = state.range(1) != 0;
   Problem& p = problem(si, cov);
   Model model = p.model;
   auto stats = model.make_stats();
+  if (exact) {
+    const Eigen::VectorXd max_abs = p.x.cwiseAbs().colwise().maxCoeff().transpose();
+    stats.make_exact(model.exact_exponents(static_cast<double>(p.x.rows()), max_abs));
+  }
   for (auto _ : state) {
     stats.set_zero();
     model.local_step(p.x, stats);
+    if (exact) {  // one rank: the driver's reduce() without the allreduce
+      double log_norm = 0;
+      for (double v : stats.exact_part().block_log_norms) log_norm += v;
+      stats.load_exact(log_norm);
+    }
     benchmark::DoNotOptimize(model.elbo(stats));
     model.update(stats);
   }
   set_counters(state, kShapes[si], cov, nominal_flops(kShapes[si], cov));
+  state.counters["exact"] = exact;
 }
 
 // The E-step alone with its statistics (everything that touches the data).
@@ -149,7 +162,7 @@ void Dgemm(benchmark::State& state) {
 
 BENCHMARK(Dgemm)->Arg(1536)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2);
 BENCHMARK_CAPTURE(CaviIteration, full, Covariance::kFull)
-    ->DenseRange(0, 2)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(LocalStep, full, Covariance::kFull)
@@ -161,7 +174,7 @@ BENCHMARK_CAPTURE(Scatter, full, Covariance::kFull)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK_CAPTURE(CaviIteration, diag, Covariance::kDiag)
-    ->DenseRange(0, 2)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

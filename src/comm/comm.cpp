@@ -140,6 +140,11 @@ double Comm::allreduce_max(double v) const {
   return v;
 }
 
+void Comm::allreduce_max(std::span<double> buf) const {
+  if (size_ == 1 || buf.empty()) return;
+  allreduce_chunks(buf, MPI_DOUBLE, MPI_MAX, unpack(handle_));
+}
+
 std::int64_t Comm::allreduce_min(std::int64_t v) const {
   if (size_ == 1) return v;
   allreduce_chunks(std::span<std::int64_t>(&v, 1), MPI_INT64_T, MPI_MIN, unpack(handle_));
@@ -185,6 +190,25 @@ std::vector<std::int64_t> Comm::allgather(std::int64_t v) const {
     check(MPI_Allgather(&v, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, unpack(handle_)),
           "allgather");
   }
+  return out;
+}
+
+std::vector<double> Comm::allgatherv(std::span<const double> mine) const {
+  if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
+  const std::vector<std::int64_t> counts = allgather(static_cast<std::int64_t>(mine.size()));
+  std::vector<int> cnt(counts.size()), displ(counts.size());
+  std::int64_t total = 0;
+  for (std::size_t p = 0; p < counts.size(); ++p) {
+    if (total + counts[p] > std::numeric_limits<int>::max())
+      throw Error("allgatherv: more than 2^31 values in one call");
+    cnt[p] = static_cast<int>(counts[p]);
+    displ[p] = static_cast<int>(total);
+    total += counts[p];
+  }
+  std::vector<double> out(static_cast<std::size_t>(total));
+  check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(),
+                       cnt.data(), displ.data(), MPI_DOUBLE, unpack(handle_)),
+        "allgatherv");
   return out;
 }
 

@@ -43,6 +43,7 @@ class Comm {
   // the same bits, so results do not depend on the rank count.
   void allreduce_sum(std::span<__int128> buf) const;
   double allreduce_max(double v) const;
+  void allreduce_max(std::span<double> buf) const;  // element-wise, in place
   std::int64_t allreduce_min(std::int64_t v) const;
   std::int64_t allreduce_max(std::int64_t v) const;
   void broadcast(std::span<double> buf, int root) const;
@@ -51,6 +52,8 @@ class Comm {
   // Every rank gets every rank's value, in rank order.
   std::vector<double> allgather(double v) const;
   std::vector<std::int64_t> allgather(std::int64_t v) const;
+  // Concatenates every rank's `mine` in rank order (sizes may differ), on every rank.
+  std::vector<double> allgatherv(std::span<const double> mine) const;
   void barrier() const;
 
   // Error agreement: every rank passes its own error message ("" for none). If any rank has one,

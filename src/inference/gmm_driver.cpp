@@ -46,7 +46,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct Moments {
   VectorXd mean;
-  MatrixXd cov;  // unbiased (N - 1), as numpy.cov and scikit-learn's covariance_prior default
+  MatrixXd cov;      // unbiased (N - 1), as numpy.cov and scikit-learn's covariance_prior default
+  VectorXd max_abs;  // max_n |x_nj - mean_j|: the bounds of the exact statistic sums
 };
 
 // Where a fit's rows come from: this rank's rows held in memory (a Shard), or read from the
@@ -116,26 +117,123 @@ class Source {
   std::int64_t chunk_rows_ = 0;
 };
 
-// Global mean and covariance in two passes (mean first, then the centred scatter), one allreduce
-// each. A streamed source is also checked for NaN/Inf here, on its first pass.
-Moments data_moments(const Comm& comm, const Source& src) {
+// Sums per-block vectors exactly over this rank's chunks and then over ranks (core/exact_sum.hpp),
+// so that the result does not depend on the rank count: block(x, r0, r1, out) adds rows [r0, r1)
+// of a chunk (a run of whole global 256-row blocks) to out, in row order.
+template <class Block>
+std::vector<double> exact_block_sum(const Comm& comm, const Source& src, std::vector<int> exponents,
+                                    Block&& block) {
+  ExactSum sum(std::move(exponents));
+  std::vector<double> part(sum.size());
+  src.for_each_chunk([&](const RowMatrix& x, std::int64_t) {
+    for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += kBlockRows) {
+      std::fill(part.begin(), part.end(), 0.0);
+      block(x, r0, std::min<Eigen::Index>(x.rows(), r0 + kBlockRows), part.data());
+      sum.add(part);
+    }
+  });
+  comm.allreduce_sum(sum.raw());
+  return sum.result();
+}
+
+// Global mean (and, if asked, covariance) of the data, summed exactly so that the shift c and the
+// prior do not depend on the rank count, and the bounds max |x - mean| of the exact statistics.
+// Three passes: max |x| (the grid of the mean; a streamed source is also checked for NaN/Inf
+// here), the mean, then max |x - mean| and the centred scatter.
+Moments data_moments(const Comm& comm, const Source& src, bool with_cov) {
   const Eigen::Index d = src.shape().cols;
+  const auto ud = static_cast<std::size_t>(d);
+  const double n2 = 2.0 * static_cast<double>(src.shape().rows);
   Moments m;
-  m.mean = VectorXd::Zero(d);
+  VectorXd max_x = VectorXd::Zero(d);
   src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
     if (src.streaming()) comm.raise_if_any(find_non_finite(x, first, src.ref()));
-    m.mean += x.colwise().sum().transpose();
+    if (x.rows() > 0) max_x = max_x.cwiseMax(x.cwiseAbs().colwise().maxCoeff().transpose());
   });
-  comm.allreduce_sum(std::span<double>(m.mean.data(), d));
-  m.mean /= static_cast<double>(src.shape().rows);
-  m.cov = MatrixXd::Zero(d, d);
+  comm.allreduce_max(std::span<double>(max_x.data(), ud));
+  std::vector<int> e(ud);
+  for (std::size_t j = 0; j < ud; ++j) e[j] = bound_exponent(n2 * max_x[Eigen::Index(j)]);
+  const std::vector<double> sum =
+      exact_block_sum(comm, src, e, [&](const RowMatrix& x, Eigen::Index r0, Eigen::Index r1,
+                                        double* out) {
+        for (Eigen::Index i = r0; i < r1; ++i)
+          for (Eigen::Index j = 0; j < d; ++j) out[j] += x(i, j);
+      });
+  m.mean = Eigen::Map<const VectorXd>(sum.data(), d) / static_cast<double>(src.shape().rows);
+  m.max_abs = VectorXd::Zero(d);
   src.for_each_chunk([&](const RowMatrix& x, std::int64_t) {
-    const RowMatrix xc = x.rowwise() - m.mean.transpose();
-    m.cov.noalias() += xc.transpose() * xc;
+    if (x.rows() > 0)
+      m.max_abs = m.max_abs.cwiseMax(
+          (x.rowwise() - m.mean.transpose()).cwiseAbs().colwise().maxCoeff().transpose());
   });
-  comm.allreduce_sum(std::span<double>(m.cov.data(), d * d));
-  m.cov /= std::max<double>(1.0, static_cast<double>(src.shape().rows - 1));
+  comm.allreduce_max(std::span<double>(m.max_abs.data(), ud));
+  if (!with_cov) return m;
+  std::vector<int> ec(ud * ud);
+  for (std::size_t i = 0; i < ud; ++i)
+    for (std::size_t j = 0; j < ud; ++j)
+      ec[i * ud + j] = bound_exponent(n2 * m.max_abs[Eigen::Index(i)] * m.max_abs[Eigen::Index(j)]);
+  const std::vector<double> scatter = exact_block_sum(
+      comm, src, ec, [&](const RowMatrix& x, Eigen::Index r0, Eigen::Index r1, double* out) {
+        const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - m.mean.transpose();
+        Eigen::Map<MatrixXd>(out, d, d).noalias() += xc.transpose() * xc;
+      });
+  m.cov = Eigen::Map<const MatrixXd>(scatter.data(), d, d) /
+          std::max<double>(1.0, static_cast<double>(src.shape().rows - 1));
   return m;
+}
+
+// A fresh statistics buffer: exact (the default; see Stats) on the grid of the data's bounds, or
+// plain doubles with --fast-reduce.
+Stats new_stats(const FitOptions& o, const Model& model, const Moments& mom, std::int64_t n) {
+  Stats s = model.make_stats();
+  if (!o.fast_reduce) s.make_exact(model.exact_exponents(static_cast<double>(n), mom.max_abs));
+  return s;
+}
+
+// Completes a pass: sums the statistics over ranks (comm == nullptr: every rank already holds
+// the same rows, as an SVI minibatch gathered to all ranks). Exact: the integer sums and the
+// blocks' log-normalisers go in one Int128 allreduce, after one max for the latter's grid, whose
+// bound is max_blocks x the largest |block log-normaliser|. Fast: one allreduce of the doubles.
+void reduce(const Comm* comm, Stats& s, std::int64_t n_rows) {
+  if (!s.exact()) {
+    if (comm) comm->allreduce_sum(s.buffer());
+    return;
+  }
+  auto& part = s.exact_part();
+  double mx = 0;
+  for (double v : part.block_log_norms) mx = std::max(mx, std::abs(v));  // NaN-safe: see below
+  bool finite = true;
+  for (double v : part.block_log_norms) finite &= std::isfinite(v);
+  if (!finite) mx = std::numeric_limits<double>::infinity();
+  if (comm) mx = comm->allreduce_max(mx);
+  const double max_blocks = static_cast<double>((n_rows + kBlockRows - 1) / kBlockRows);
+  // A non-finite log-normaliser (a broken posterior) is passed on as NaN for the caller's check.
+  const bool ok = std::isfinite(mx) && std::isfinite(2 * max_blocks * mx);
+  ExactSum ln({ok ? bound_exponent(2 * max_blocks * mx) : 0});
+  if (ok)
+    for (double v : part.block_log_norms) ln.add(std::span<const double>(&v, 1));
+  std::vector<Int128> raw(part.sum.raw().begin(), part.sum.raw().end());
+  raw.push_back(ln.raw()[0]);
+  if (comm) comm->allreduce_sum(raw);
+  std::copy(raw.begin(), raw.end() - 1, part.sum.raw().begin());
+  ln.raw()[0] = raw.back();
+  s.load_exact(ok ? ln.result()[0] : std::numeric_limits<double>::quiet_NaN());
+}
+
+// Runs f(x, first_row) over the source's chunks; an Error thrown by f on one rank is agreed on
+// every rank after the loop (not inside it: a streamed chunk read is collective).
+template <class F>
+void each_chunk_agreed(const Comm& comm, const Source& src, F&& f) {
+  std::string err;
+  src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+    if (!err.empty()) return;
+    try {
+      f(x, first);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  });
+  comm.raise_if_any(err);
 }
 
 Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
@@ -173,9 +271,9 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
 // The statistics of the initial responsibilities, summed over ranks: k-means++ (rows in
 // memory), random (keyed by global row), or read from FILE.h5:/resp chunk by chunk.
 Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& init,
-                    const Source& src, const Model& model) {
+                    const Source& src, const Model& model, const Moments& mom) {
   const int k = o.components;
-  Stats stats = model.make_stats();
+  Stats stats = new_stats(o, model, mom, src.shape().rows);
   if (init == "kmeans++") {
     if (src.streaming())
       throw Error(
@@ -183,9 +281,9 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
           "--init FILE.h5:/resp");
     const RowMatrix r = kmeans_responsibilities(comm, src.rows(), src.range(), src.shape().rows, k,
                                                 o.seed, o.kmeans_iter);
-    model.accumulate(src.rows(), r, stats);
+    comm.agree([&] { model.accumulate(src.rows(), r, stats); });
   } else if (init == "random") {
-    src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
+    each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t first) {
       model.accumulate(x, random_responsibilities(first, x.rows(), k, o.seed), stats);
     });
   } else {
@@ -209,10 +307,10 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
           r.row(i) /= sum;
       }
       comm.raise_if_any(err);
-      model.accumulate(x, r, stats);
+      comm.agree([&] { model.accumulate(x, r, stats); });
     });
   }
-  comm.allreduce_sum(stats.buffer());
+  reduce(&comm, stats, src.shape().rows);
   return stats;
 }
 
@@ -221,9 +319,9 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
 void full_pass(const Comm& comm, const Source& src, const Model& model, Stats& stats,
                RowMatrix* resp_out) {
   stats.set_zero();
-  src.for_each_chunk(
-      [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
-  comm.allreduce_sum(stats.buffer());
+  each_chunk_agreed(comm, src,
+                    [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
+  reduce(&comm, stats, src.shape().rows);
 }
 
 void write_matrices(io::FileWriter& w, const std::string& name, const std::vector<MatrixXd>& ms,
@@ -346,6 +444,7 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
   w.attr("init", init);
   w.attr("data", o.data);
   w.attr("tol", o.tol);
+  w.attr("reduction", std::string(o.fast_reduce ? "fast" : "exact"));
   w.attr("version", o.version);
   w.attr("command", o.command);
   w.commit();
@@ -436,14 +535,20 @@ double heldout_score(const Comm& comm, const Model& model, const std::string& da
   if (src.shape().cols != model.dim())
     throw Error("data " + src.ref().str() + " has " + std::to_string(src.shape().cols) +
                 " features but the model has " + std::to_string(model.dim()));
-  double sum = 0;
+  // Per-block partial sums, summed exactly (as the log-normalisers in reduce) so that the score
+  // does not depend on the rank count.
+  std::vector<double> blocks;
   src.for_each_chunk([&](const RowMatrix& x, std::int64_t first) {
     if (stream) comm.raise_if_any(find_non_finite(x, first, src.ref()));
-    sum += model.log_predictive_sum(x);
+    model.log_predictive_sum(x, &blocks);
   });
-  comm.allreduce_sum(std::span<double>(&sum, 1));
+  Stats total(0, 0, model.covariance());  // just log_norm and rows
+  total.make_exact({bound_exponent(0), bound_exponent(0)});
+  total.exact_part().block_log_norms = std::move(blocks);
+  reduce(&comm, total, src.shape().rows);
+  if (!std::isfinite(total.log_norm())) throw Error("the held-out score is not finite");
   if (n_out) *n_out = src.shape().rows;
-  return sum / static_cast<double>(src.shape().rows);
+  return total.log_norm() / static_cast<double>(src.shape().rows);
 }
 
 // The SVI step-size schedules (seed eqs 2.51 and 2.54-2.58).
@@ -531,13 +636,13 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     throw Error("--components " + std::to_string(o.components) + " exceeds the number of rows (" +
                 std::to_string(n) + ") in " + ref.str());
   const int d = static_cast<int>(src.shape().cols);
-  const Moments mom = data_moments(comm, src);
+  const Moments mom = data_moments(comm, src, o.prior_scale == "data");
   const Estimator est =
       o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
   Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
 
   // lambda_0: the M-step from the initial responsibilities.
-  Stats stats = initial_stats(comm, o, init, src, model);
+  Stats stats = initial_stats(comm, o, init, src, model, mom);
   comm.agree([&] { model.update(stats); });
 
   FitResult res;
@@ -579,8 +684,9 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     // SVI (seed section 2.2; Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
     // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
     // is S <- (1 - rho) S + rho (N/B) S_batch (seed eqs 2.50, 2.53).
-    Stats s_eff = stats;
-    Stats batch = model.make_stats(), grad = model.make_stats();
+    Stats s_eff = model.make_stats(), grad = model.make_stats();
+    s_eff += stats;
+    Stats batch = new_stats(o, model, mom, n);
     const std::int64_t bsz = std::min<std::int64_t>(o.batch_size, n);
     const std::int64_t steps_per_epoch = (n + bsz - 1) / bsz;
     // The E-step over one minibatch under the current lambda, summed over ranks and scaled by
@@ -588,10 +694,25 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     auto minibatch = [&](const EpochPermutation& perm, std::int64_t step) {
       std::int64_t size = 0;
       const auto rows = minibatch_rows(perm, n, bsz, step, src.range(), &size);
-      const RowMatrix xb = src.gather(rows);
       batch.set_zero();
-      model.local_step(xb, batch);
-      comm.allreduce_sum(batch.buffer());
+      if (o.fast_reduce) {
+        const RowMatrix xb = src.gather(rows);
+        comm.agree([&] { model.local_step(xb, batch); });
+        reduce(&comm, batch, n);
+      } else {
+        // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
+        // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
+        // independent split of a few hundred rows into exact blocks does not exist. Only the
+        // rows travel (B x D), not the statistics (K x D^2).
+        const RowMatrix mine = src.gather(rows);
+        const std::vector<double> all = comm.allgatherv(
+            std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
+        const Eigen::Index cols = src.shape().cols;
+        const RowMatrix xb = Eigen::Map<const RowMatrix>(
+            all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
+        comm.agree([&] { model.local_step(xb, batch); });
+        reduce(nullptr, batch, n);
+      }
       batch *= static_cast<double>(n) / static_cast<double>(size);
     };
     auto natural_gradient = [&] {  // g = lambda_hat - lambda (eq. 2.49), statistic coordinates

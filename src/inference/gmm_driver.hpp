@@ -39,6 +39,9 @@ struct FitOptions {
   Schedule schedule = Schedule::kRobbinsMonro;
   double omega = 1.0, delta = 0.9, tau0 = 500;
   bool stream = false;          // read rows from the file per step/chunk; never the whole dataset
+  // Sum statistics in double in thread and rank order instead of exactly (see Stats): faster,
+  // but the last bits of every result then depend on the rank and thread counts.
+  bool fast_reduce = false;
   std::int64_t chunk_rows = 0;  // rows per chunk of a streamed full pass (0: about 8 MB)
   int full_elbo_every = 0;      // SVI: also compute the full ELBO every S steps (clock paused)
   std::string heldout;          // FILE.h5[:/path]: report the held-out score after fitting

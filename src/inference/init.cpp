@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/exact_sum.hpp"
 #include "core/rng.hpp"
 
 namespace caviar {
@@ -45,6 +46,24 @@ int c_trials(int k) {
   return std::min(128, 2 + static_cast<int>(std::log(static_cast<double>(k))));
 }
 
+// Sums a `width`-vector over this rank's rows and then over all ranks, exactly: each global
+// 256-row block (x starts at a block boundary) is summed in double in row order, and the blocks
+// on the integer grid of `exponents` (core/exact_sum.hpp), so the result does not depend on the
+// rank count. add_row(i, out) adds local row i's contribution to out.
+template <class AddRow>
+std::vector<double> exact_row_sum(const Comm& comm, std::int64_t n, std::vector<int> exponents,
+                                  AddRow&& add_row) {
+  ExactSum sum(std::move(exponents));
+  std::vector<double> block(sum.size());
+  for (std::int64_t b = 0; b < n; b += kBlockRows) {
+    std::fill(block.begin(), block.end(), 0.0);
+    for (std::int64_t i = b; i < std::min(n, b + kBlockRows); ++i) add_row(i, block.data());
+    sum.add(block);
+  }
+  comm.allreduce_sum(sum.raw());
+  return sum.result();
+}
+
 int owner_of(std::int64_t row, std::int64_t n_global, int n_ranks) {
   for (int p = 0; p < n_ranks; ++p) {
     const RowRange r = partition_rows(n_global, n_ranks, p);
@@ -61,6 +80,12 @@ RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange
   const std::int64_t n = x.rows();
   const Eigen::Index d = x.cols();
   const CounterRng rng(seed, Stream::kKmeansPlusPlus);
+  // Bounds for the exact sums below: |x_nj| <= a_j, and every squared distance <= sum_j (2 a_j)^2.
+  Eigen::VectorXd a = n > 0 ? Eigen::VectorXd(x.cwiseAbs().colwise().maxCoeff().transpose())
+                            : Eigen::VectorXd(Eigen::VectorXd::Zero(d));
+  comm.allreduce_max(std::span<double>(a.data(), static_cast<std::size_t>(d)));
+  const double n2 = 2.0 * static_cast<double>(n_global);
+  const int potential_exponent = bound_exponent(n2 * 4.0 * a.squaredNorm());
   RowMatrix centers(k, d);
   Eigen::VectorXd dist2 = Eigen::VectorXd::Constant(n, std::numeric_limits<double>::infinity());
 
@@ -91,11 +116,12 @@ RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange
     }
     int best = 0;
     if (trials > 1) {
-      std::vector<double> potential(static_cast<std::size_t>(trials), 0.0);
-      for (std::int64_t i = 0; i < n; ++i)
-        for (int t = 0; t < trials; ++t)
-          potential[t] += std::min(dist2[i], (x.row(i).transpose() - cand[t]).squaredNorm());
-      comm.allreduce_sum(potential);
+      const std::vector<double> potential = exact_row_sum(
+          comm, n, std::vector<int>(static_cast<std::size_t>(trials), potential_exponent),
+          [&](std::int64_t i, double* out) {
+            for (int t = 0; t < trials; ++t)
+              out[t] += std::min(dist2[i], (x.row(i).transpose() - cand[t]).squaredNorm());
+          });
       for (int t = 1; t < trials; ++t)
         if (potential[t] < potential[best]) best = t;
     }
@@ -113,15 +139,17 @@ RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange
     }
   };
   assign();
+  // Lloyd sums: per-cluster sums then counts, one buffer, one allreduce.
+  std::vector<int> lloyd_exponents(static_cast<std::size_t>(k * (d + 1)), bound_exponent(n2));
+  for (int c = 0; c < k; ++c)
+    for (Eigen::Index j = 0; j < d; ++j) lloyd_exponents[c * d + j] = bound_exponent(n2 * a[j]);
   for (int it = 0; it < lloyd_iters; ++it) {
-    // One buffer, one allreduce: per-cluster sums then counts.
-    std::vector<double> buf(static_cast<std::size_t>(k * (d + 1)), 0.0);
-    for (std::int64_t i = 0; i < n; ++i) {
-      double* s = buf.data() + label[i] * d;
-      for (Eigen::Index j = 0; j < d; ++j) s[j] += x(i, j);
-      buf[k * d + label[i]] += 1.0;
-    }
-    comm.allreduce_sum(buf);
+    const std::vector<double> buf =
+        exact_row_sum(comm, n, lloyd_exponents, [&](std::int64_t i, double* out) {
+          double* s = out + label[i] * d;
+          for (Eigen::Index j = 0; j < d; ++j) s[j] += x(i, j);
+          out[k * d + label[i]] += 1.0;
+        });
     for (int c = 0; c < k; ++c) {
       const double cnt = buf[k * d + c];
       if (cnt > 0)  // an empty cluster keeps its center

@@ -117,3 +117,36 @@ TEST(ExactSum, RejectsBrokenBoundsAndNonFinite) {
 
 }  // namespace
 }  // namespace caviar
+
+
+namespace caviar {
+namespace {
+
+// add() splits addends into int64 limbs (vectorised) and carries them into 128 bits every 2^22
+// adds; the result must equal the plain 128-bit sum of the truncated grid units, exactly, for
+// addends of both signs and all magnitudes, across several carries.
+TEST(ExactSum, LimbsMatchA128BitReference) {
+  const std::vector<int> exps{0, 40, -300, 700};
+  ExactSum s(exps);
+  std::vector<Int128> ref(exps.size(), 0);
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const int n_adds = (1 << 22) + (1 << 20) + 12345;
+  std::vector<double> v(exps.size());
+  for (int a = 0; a < n_adds; ++a) {
+    for (std::size_t i = 0; i < exps.size(); ++i) {
+      // |v| < 2^(e - 23): 2^23 such addends stay below the bound 2^e.
+      const double mag = std::ldexp(unit(gen), exps[i] - 23 - static_cast<int>(unit(gen) * 90));
+      v[i] = unit(gen) < 0.5 ? -mag : mag;
+      const double units = std::ldexp(v[i], 118 - exps[i]);
+      ref[i] += static_cast<Int128>(units);  // the library's truncating conversion
+    }
+    s.add(v);
+  }
+  const auto raw = s.raw();
+  for (std::size_t i = 0; i < exps.size(); ++i)
+    EXPECT_TRUE(raw[i] == ref[i]) << "entry " << i;
+}
+
+}  // namespace
+}  // namespace caviar

@@ -53,8 +53,15 @@ Stats::Stats(int dim, int n_components, Covariance cov)
       k_(n_components),
       cov_(cov),
       moment_size_(cov == Covariance::kFull ? std::size_t(dim) * (dim + 1) / 2 : std::size_t(dim)),
-      sxx_offset_(std::size_t(n_components) * (1 + dim)),
-      buf_(sxx_offset_ + std::size_t(n_components) * moment_size_ + 2, 0.0) {}
+      buf_(std::size_t(n_components) * (1 + dim + moment_size_) + 2, 0.0) {}
+
+void Stats::set_zero() {
+  std::fill(buf_.begin(), buf_.end(), 0.0);
+  if (exact_) {
+    exact_->sum.set_zero();
+    exact_->block_log_norms.clear();
+  }
+}
 
 Stats& Stats::operator+=(const Stats& o) {
   for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] += o.buf_[i];
@@ -78,74 +85,133 @@ MatrixXd Stats::sxx_matrix(int k) const {
   return s;
 }
 
+void Stats::make_exact(std::vector<int> exponents) {
+  if (exponents.size() != buf_.size()) throw Error("exact statistics: wrong number of exponents");
+  exact_.emplace(ExactPart{ExactSum(std::move(exponents)), {}});
+}
+
+void Stats::load_exact(double log_norm) {
+  exact_->sum.result(buf_);
+  buf_[buf_.size() - 2] = log_norm;
+}
+
+std::vector<int> Model::exact_exponents(double n_rows, const VectorXd& max_abs) const {
+  const int d = dim();
+  if (max_abs.size() != d) throw Error("exact statistics: bounds of the wrong dimension");
+  Stats s = make_stats();
+  std::vector<int> e(s.buffer().size(), bound_exponent(0));
+  const double n2 = 2 * n_rows;
+  auto at = [&](const double* p) { return static_cast<std::size_t>(p - s.buffer().data()); };
+  for (int k = 0; k < n_components(); ++k) {
+    e[at(&s.n(k))] = bound_exponent(n2);
+    for (int j = 0; j < d; ++j) e[at(s.sx(k) + j)] = bound_exponent(n2 * max_abs[j]);
+    std::size_t p = at(s.sxx(k));
+    if (cov_ == Covariance::kFull) {
+      for (int i = 0; i < d; ++i)
+        for (int j = i; j < d; ++j) e[p++] = bound_exponent(n2 * max_abs[i] * max_abs[j]);
+    } else {
+      for (int j = 0; j < d; ++j) e[p++] = bound_exponent(n2 * max_abs[j] * max_abs[j]);
+    }
+  }
+  e[e.size() - 1] = bound_exponent(n2);  // rows; log_norm (e.size() - 2) is summed apart
+  return e;
+}
+
 // ---------------------------------------------------------------------------------------------
-// Per-thread accumulation
+// Per-block statistics and their per-thread sums
 
 namespace {
 
-// A thread's running sums. Full second moments are kept as whole D x D (lower triangle filled by
-// the rank-k update) and packed only once, when threads are combined.
+// Full covariance up to this dimension forms the block's second moments as one GEMM against the
+// packed outer products of its rows; above it, one symmetric rank-n update per component (the
+// packed features of a block would no longer fit in cache).
+constexpr int kMaxFeatureDim = 32;
+
+// A thread's running sums and scratch. Each block's statistics are formed whole in `block`
+// (Stats layout) and then added: into an ExactSum (exact mode: the order of blocks is then
+// irrelevant), or into the double sums `sum` (fast mode).
 struct Accumulator {
-  VectorXd n;
-  RowMatrix sx;               // K x D
-  std::vector<MatrixXd> sxx;  // full: K of D x D (lower triangle valid)
-  RowMatrix sxx_diag;         // diag: K x D
-  double log_norm = 0;
-  double rows = 0;
-  RowMatrix xc, r;  // scratch: centred block, responsibilities of the block
+  std::vector<double> sum;
+  std::optional<ExactSum> exact;
+  std::vector<double> block_log_norms;
+  std::vector<double> block;
+  RowMatrix xc, r, y, f;  // scratch: centred block, responsibilities, E-step products, features
+  MatrixXd scatter;       // scratch: one component's D x D second moment (large D)
 
-  Accumulator(int d, int k, Covariance cov) : n(VectorXd::Zero(k)), sx(RowMatrix::Zero(k, d)) {
-    if (cov == Covariance::kFull)
-      sxx.assign(k, MatrixXd::Zero(d, d));
+  explicit Accumulator(const Stats& s) : block(s.buffer().size(), 0.0) {
+    if (s.exact())
+      exact.emplace(s.exact_part().sum);  // same grid; its values are reset below
     else
-      sxx_diag = RowMatrix::Zero(k, d);
+      sum.assign(s.buffer().size(), 0.0);
+    if (exact) exact->set_zero();
   }
 
-  // Adds block statistics: N_k, sum r (x - c), sum r (x - c)(x - c)^T (seed eqs 1.45-1.47 before
-  // normalisation). The scatter is a symmetric rank-n update on sqrt(r)-weighted rows.
-  void add(const RowMatrix& xcb, const RowMatrix& rb) {
-    n += rb.colwise().sum().transpose();
-    sx.noalias() += rb.transpose() * xcb;
-    rows += static_cast<double>(xcb.rows());
-    if (!sxx.empty()) {
-      for (Index k = 0; k < rb.cols(); ++k) {
-        if (rb.col(k).maxCoeff() <= 0.0) continue;
-        const MatrixXd z = (xcb.array().colwise() * rb.col(k).array().sqrt()).matrix();
-        sxx[k].selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
-      }
-    } else {
-      sxx_diag.noalias() += rb.transpose() * xcb.cwiseAbs2();
-    }
-  }
-
-  // Adds this thread's sums into the packed Stats buffer.
-  void flush_into(Stats& s) const {
-    const int d = s.dim();
-    for (int k = 0; k < s.n_components(); ++k) {
-      s.n(k) += n[k];
-      for (int j = 0; j < d; ++j) s.sx(k)[j] += sx(k, j);
-      double* p = s.sxx(k);
-      if (!sxx.empty()) {
-        for (int i = 0; i < d; ++i)
-          for (int j = i; j < d; ++j) *p++ += sxx[k](j, i);  // lower (j >= i) holds the data
+  // The statistics of one block (seed eqs 1.45-1.47 before normalisation): the rows of
+  // R^T F with F = [1, x - c, packed (x - c)(x - c)^T] (diag: [1, x - c, (x - c)^2]).
+  void add(const RowMatrix& xcb, const RowMatrix& rb, double log_norm, Covariance cov) {
+    const Index n = xcb.rows(), d = xcb.cols(), kk = rb.cols();
+    const Index m = cov == Covariance::kFull ? d * (d + 1) / 2 : d;
+    const Index row = 1 + d + m;
+    Eigen::Map<RowMatrix> g(block.data(), kk, row);
+    const bool features = cov == Covariance::kDiag || d <= kMaxFeatureDim;
+    f.resize(n, features ? row : 1 + d);
+    f.col(0).setOnes();
+    f.middleCols(1, d) = xcb;
+    if (features) {
+      if (cov == Covariance::kFull) {
+        Index p = 1 + d;
+        for (Index i = 0; i < d; ++i)
+          for (Index j = i; j < d; ++j) f.col(p++) = xcb.col(i).cwiseProduct(xcb.col(j));
       } else {
-        for (int j = 0; j < d; ++j) p[j] += sxx_diag(k, j);
+        f.rightCols(d) = xcb.cwiseAbs2();
+      }
+      g.noalias() = rb.transpose() * f;
+    } else {
+      g.leftCols(1 + d).noalias() = rb.transpose() * f;
+      for (Index k = 0; k < kk; ++k) {
+        // Symmetric rank-n update on sqrt(r)-weighted rows: half the flops of a GEMM.
+        scatter.setZero(d, d);
+        if (rb.col(k).maxCoeff() > 0.0) {
+          const MatrixXd z = (xcb.array().colwise() * rb.col(k).array().sqrt()).matrix();
+          scatter.selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
+        }
+        double* out = block.data() + k * row + 1 + d;
+        for (Index i = 0; i < d; ++i)  // lower column i from row i = packed upper row i
+          for (Index j = i; j < d; ++j) *out++ = scatter(j, i);
       }
     }
-    s.log_norm() += log_norm;
-    s.rows() += rows;
+    const std::size_t tail = block.size() - 2;
+    block[tail + 1] = static_cast<double>(n);
+    if (exact) {
+      block[tail] = 0.0;
+      block_log_norms.push_back(log_norm);
+      exact->add(block);
+    } else {
+      block[tail] = log_norm;
+      for (std::size_t i = 0; i < block.size(); ++i) sum[i] += block[i];
+    }
+  }
+
+  void flush_into(Stats& s) const {
+    if (exact) {
+      s.exact_part().sum += *exact;
+      auto& ln = s.exact_part().block_log_norms;
+      ln.insert(ln.end(), block_log_norms.begin(), block_log_norms.end());
+    } else {
+      for (std::size_t i = 0; i < sum.size(); ++i) s.buffer()[i] += sum[i];
+    }
   }
 };
 
 // Runs body(acc, r0, r1) over blocks of rows on all threads, then adds the thread sums into
-// stats in thread order (a fixed order for a fixed thread count).
+// stats (exact: in any order; fast: in thread order, a fixed order for a fixed thread count).
 template <class Body>
-void for_blocks(Index n_rows, int d, int k, Covariance cov, Stats& stats, Body&& body) {
+void for_blocks(Index n_rows, Stats& stats, Body&& body) {
   const int n_threads =
       std::max(1, std::min<int>(max_threads(), (n_rows + kBlockRows - 1) / kBlockRows));
   std::vector<Accumulator> acc;
   acc.reserve(n_threads);
-  for (int t = 0; t < n_threads; ++t) acc.emplace_back(d, k, cov);
+  for (int t = 0; t < n_threads; ++t) acc.emplace_back(stats);
   parallel_blocks(n_rows, kBlockRows, n_threads,
                   [&](int t, std::int64_t r0, std::int64_t r1) { body(acc[t], r0, r1); });
   for (const auto& a : acc) a.flush_into(stats);
@@ -166,54 +232,67 @@ Model::Model(Covariance cov, int n_components, Prior prior, VectorXd shift, Esti
       reg_covar_(reg_covar) {}
 
 void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const {
-  const int d = dim(), kk = static_cast<int>(resp.cols());
-  for_blocks(x.rows(), d, kk, cov_, stats, [&](Accumulator& a, Index r0, Index r1) {
+  for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
     a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
     a.r = resp.middleRows(r0, r1 - r0);
-    a.add(a.xc, a.r);
+    a.add(a.xc, a.r, 0.0, cov_);
   });
 }
 
-void Model::log_rho(const RowMatrix& xc, Index r0, Index r1, RowMatrix& out) const {
+void Model::log_rho(const RowMatrix& xc, RowMatrix& y, RowMatrix& out) const {
   // Seed eq. 1.42 with 1.58-1.60: ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
   //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xc here is already x - c.
   // EM (Bishop 9.23): ln pi_k + ln|Lambda_k|/2 - D/2 ln 2pi - 1/2 (x_n - mu_k)^T Lambda_k (.),
   // the same form with beta_k -> infinity and nu_k W_k -> Lambda_k (see refresh_ml).
-  const Index n = r1 - r0;
-  const int kk = n_components();
+  const Index n = xc.rows();
+  const int kk = n_components(), d = dim();
   out.resize(n, kk);
-  for (int k = 0; k < kk; ++k) {
-    const double base = log_rho_base_[k];
-    Eigen::VectorXd quad(n);
-    if (cov_ == Covariance::kFull) {
-      // (x - m)^T W (x - m) = ||(x - m)^T P||^2 with P P^T = W: one GEMM per component.
-      RowMatrix y = xc.middleRows(r0, n) * prec_chol_[k];
-      y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
-      quad = y.rowwise().squaredNorm();
-    } else {
-      quad = ((xc.middleRows(r0, n).rowwise() - m_shifted_.row(k)).array().square().rowwise() *
-              w_diag_.row(k).array())
-                 .rowwise()
-                 .sum();
+  if (cov_ == Covariance::kFull) {
+    // (x - m)^T W (x - m) = ||(x - c)^T P - (m - c)^T P||^2 with P P^T = W, for a group of
+    // components at once: one GEMM of the block against [P_k ... P_k+g], then squared norms of
+    // D-wide segments. Groups keep the product block (n x gD) within ~1 MB of cache.
+    const int group = std::max(1, 512 / d);
+    for (int k0 = 0; k0 < kk; k0 += group) {
+      const int g = std::min(group, kk - k0);
+      y.noalias() = xc * prec_all_.middleCols(Index(k0) * d, Index(g) * d);
+      y.rowwise() -= offset_all_.segment(Index(k0) * d, Index(g) * d);
+      for (Index i = 0; i < n; ++i) {
+        const double* yi = y.row(i).data();
+        for (int k = 0; k < g; ++k) {
+          double q = 0;
+          for (int j = 0; j < d; ++j) q += yi[k * d + j] * yi[k * d + j];
+          out(i, k0 + k) = log_rho_base_[k0 + k] - 0.5 * quad_scale_[k0 + k] * q;
+        }
+      }
     }
-    out.col(k) = (base - 0.5 * quad_scale_[k] * quad.array()).matrix();
+  } else {
+    for (int k = 0; k < kk; ++k) {
+      const Eigen::VectorXd quad =
+          ((xc.rowwise() - m_shifted_.row(k)).array().square().rowwise() * w_diag_.row(k).array())
+              .rowwise()
+              .sum();
+      out.col(k) = (log_rho_base_[k] - 0.5 * quad_scale_[k] * quad.array()).matrix();
+    }
   }
 }
 
 void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) const {
-  const int d = dim(), kk = n_components();
-  if (resp_out) resp_out->resize(x.rows(), kk);
-  for_blocks(x.rows(), d, kk, cov_, stats, [&](Accumulator& a, Index r0, Index r1) {
-    a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
-    log_rho(a.xc, 0, r1 - r0, a.r);
-    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj).
-    for (Index i = 0; i < a.r.rows(); ++i) {
-      const double lse = math::log_sum_exp(a.r.row(i));
-      a.log_norm += lse;
-      a.r.row(i) = (a.r.row(i).array() - lse).exp();
-    }
-    if (resp_out) resp_out->middleRows(r0, r1 - r0) = a.r;
-    a.add(a.xc, a.r);
+  if (resp_out) resp_out->resize(x.rows(), n_components());
+  for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
+    const Index n = r1 - r0;
+    a.xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
+    log_rho(a.xc, a.y, a.r);
+    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the row maxima
+    // subtracted first and the exponentials of the whole block taken at once (vectorised).
+    Eigen::VectorXd mx = a.r.rowwise().maxCoeff();
+    a.r.colwise() -= mx;
+    a.r = a.r.array().exp();
+    const Eigen::VectorXd sums = a.r.rowwise().sum();
+    a.r.array().colwise() /= sums.array();
+    double log_norm = 0;
+    for (Index i = 0; i < n; ++i) log_norm += mx[i] + std::log(sums[i]);
+    if (resp_out) resp_out->middleRows(r0, n) = a.r;
+    a.add(a.xc, a.r, log_norm, cov_);
   });
 }
 
@@ -352,6 +431,7 @@ void Model::refresh_ml() {
     e_logdet_[k] = logdet_w_[k];
     log_rho_base_[k] = e_log_pi_[k] + 0.5 * logdet_w_[k] - 0.5 * d * math::kLog2Pi;
   }
+  refresh_kernel();
 }
 
 void Model::set_posterior(Posterior post) {
@@ -413,6 +493,18 @@ void Model::refresh() {
   log_rho_base_ = e_log_pi_.array() + 0.5 * e_logdet_.array() - 0.5 * d * math::kLog2Pi -
                   0.5 * d / post_.beta.array();
   quad_scale_ = post_.nu;
+  refresh_kernel();
+}
+
+void Model::refresh_kernel() {
+  if (cov_ != Covariance::kFull) return;
+  const int d = dim(), kk = n_components();
+  prec_all_.resize(d, Index(kk) * d);
+  offset_all_.resize(Index(kk) * d);
+  for (int k = 0; k < kk; ++k) {
+    prec_all_.middleCols(Index(k) * d, d) = prec_chol_[k];
+    offset_all_.segment(Index(k) * d, d) = m_shifted_.row(k) * prec_chol_[k];
+  }
 }
 
 double Model::weight_kl_terms() const {
@@ -517,14 +609,29 @@ double Model::elbo(const Stats& s) const {
   return l;
 }
 
-double Model::log_predictive_sum(const RowMatrix& x) const {
+double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks) const {
   // Seed eq. 1.73: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
   // L_k = (nu_k + 1 - D) beta_k / (1 + beta_k) W_k. The diagonal model factorises over
   // dimensions into 1-D Student-t densities with nu_k degrees of freedom.
+  const Index n_blocks = (x.rows() + kBlockRows - 1) / kBlockRows;
+  std::vector<double> partial(static_cast<std::size_t>(n_blocks), 0.0);
+  auto finish = [&] {
+    double total = 0;
+    for (double p : partial) total += p;
+    if (blocks) blocks->insert(blocks->end(), partial.begin(), partial.end());
+    return total;
+  };
   if (est_ == Estimator::kMaximumLikelihood) {
-    Stats s = make_stats();
-    local_step(x, s);
-    return s.log_norm();
+    // EM: the E-step's log-normalisers, sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k).
+    parallel_blocks(x.rows(), kBlockRows, max_threads(), [&](int, std::int64_t r0, std::int64_t r1) {
+      const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+      RowMatrix y, lp;
+      log_rho(xc, y, lp);
+      double sum = 0;
+      for (Index i = 0; i < lp.rows(); ++i) sum += math::log_sum_exp(lp.row(i));
+      partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
+    });
+    return finish();
   }
   const int d = dim(), kk = n_components();
   // E[pi_k]: alpha_k / alpha_hat (Dirichlet), or the renormalised stick-breaking expectation.
@@ -542,10 +649,8 @@ double Model::log_predictive_sum(const RowMatrix& x) const {
                      0.5 * dims_per_t * std::log(M_PI * nup) + 0.5 * dims_per_t * std::log(c)) +
               0.5 * logdet_w_[k];
   }
-  double total = 0;
-  std::vector<double> partial(static_cast<std::size_t>(max_threads()), 0.0);
   parallel_blocks(
-      x.rows(), kBlockRows, max_threads(), [&](int t, std::int64_t r0, std::int64_t r1) {
+      x.rows(), kBlockRows, max_threads(), [&](int, std::int64_t r0, std::int64_t r1) {
         const Index n = r1 - r0;
         const RowMatrix xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
         RowMatrix lp(n, kk);
@@ -563,10 +668,11 @@ double Model::log_predictive_sum(const RowMatrix& x) const {
                 (base[k] - 0.5 * (dof[k] + 1) * (delta2 / dof[k]).log1p().rowwise().sum()).matrix();
           }
         }
-        for (Index i = 0; i < n; ++i) partial[t] += math::log_sum_exp(lp.row(i));
+        double sum = 0;
+        for (Index i = 0; i < n; ++i) sum += math::log_sum_exp(lp.row(i));
+        partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
       });
-  for (double p : partial) total += p;
-  return total;
+  return finish();
 }
 
 VectorXd Model::weights() const {

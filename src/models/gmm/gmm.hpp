@@ -27,7 +27,10 @@
 // moment sums well conditioned when the data sit far from the origin.
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
+
+#include "core/exact_sum.hpp"
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,12 +83,22 @@ class Model;
 // The sufficient statistics of one step, one contiguous buffer (so one allreduce moves them).
 //   N_k = sum_n r_nk; Sx_k = sum_n r_nk (x_n - c); Sxx_k = sum_n r_nk (x_n - c)(x_n - c)^T, packed
 //   upper triangle (full) or diagonal (diag); log_norm = sum_n log sum_k rho_nk; rows = n.
+// Layout: one row per component, [N_k, Sx_k (D), Sxx_k (M)], then log_norm and rows. A block's
+// rows are then exactly R^T [1, x - c, (x - c)(x - c)^T] (one GEMM; see Model::local_step).
+//
+// Exact mode (make_exact, the drivers' default): local_step and accumulate add each 256-row
+// block's statistics into an ExactSum (core/exact_sum.hpp) on a grid fixed by data bounds, and
+// keep the blocks' log-normalisers apart (their bound is known only after the pass), instead of
+// summing doubles into buffer(). The driver reduces both over ranks and calls load_exact, which
+// writes buffer(). Integer sums are associative, so the result is the same bits however the
+// blocks were split over threads and ranks (issue 7). Without make_exact, blocks are summed in
+// double in thread order (--fast-reduce): the last bits then depend on the thread/rank counts.
 class Stats {
  public:
   Stats(int dim, int n_components, Covariance cov);
   std::span<double> buffer() { return buf_; }
   std::span<const double> buffer() const { return buf_; }
-  void set_zero() { std::fill(buf_.begin(), buf_.end(), 0.0); }
+  void set_zero();
   Stats& operator+=(const Stats& o);
   Stats& operator*=(double a);
   // this = (1 - rho) this + rho o: the SVI step in statistic coordinates (seed eq. 2.50).
@@ -94,14 +107,13 @@ class Stats {
   int dim() const { return dim_; }
   int n_components() const { return k_; }
   std::size_t moment_size() const { return moment_size_; }  // per component
-  double& n(int k) { return buf_[k]; }
-  double n(int k) const { return buf_[k]; }
-  double* sx(int k) { return buf_.data() + k_ + std::size_t(k) * dim_; }
-  const double* sx(int k) const { return buf_.data() + k_ + std::size_t(k) * dim_; }
-  double* sxx(int k) { return buf_.data() + sxx_offset_ + std::size_t(k) * moment_size_; }
-  const double* sxx(int k) const {
-    return buf_.data() + sxx_offset_ + std::size_t(k) * moment_size_;
-  }
+  std::size_t row_size() const { return 1 + dim_ + moment_size_; }
+  double& n(int k) { return buf_[k * row_size()]; }
+  double n(int k) const { return buf_[k * row_size()]; }
+  double* sx(int k) { return buf_.data() + k * row_size() + 1; }
+  const double* sx(int k) const { return buf_.data() + k * row_size() + 1; }
+  double* sxx(int k) { return buf_.data() + k * row_size() + 1 + dim_; }
+  const double* sxx(int k) const { return buf_.data() + k * row_size() + 1 + dim_; }
   double& log_norm() { return buf_[buf_.size() - 2]; }
   double log_norm() const { return buf_[buf_.size() - 2]; }
   double& rows() { return buf_.back(); }
@@ -110,11 +122,24 @@ class Stats {
   // Full covariance: unpack component k's Sxx into a symmetric D x D matrix.
   Eigen::MatrixXd sxx_matrix(int k) const;
 
+  // Exact mode; exponents[i] bounds entry i of buffer() (Model::exact_exponents).
+  void make_exact(std::vector<int> exponents);
+  bool exact() const { return exact_.has_value(); }
+  struct ExactPart {
+    ExactSum sum;                         // every entry but log_norm
+    std::vector<double> block_log_norms;  // one per block, in any order
+  };
+  ExactPart& exact_part() { return *exact_; }
+  const ExactPart& exact_part() const { return *exact_; }
+  // buffer() = the exact sums, with the given log_norm.
+  void load_exact(double log_norm);
+
  private:
   int dim_, k_;
   Covariance cov_;
-  std::size_t moment_size_, sxx_offset_;
+  std::size_t moment_size_;
   std::vector<double> buf_;
+  std::optional<ExactPart> exact_;
 };
 
 class Model {
@@ -132,11 +157,19 @@ class Model {
   const Eigen::VectorXd& shift() const { return shift_; }
   Stats make_stats() const { return Stats(dim(), n_components(), cov_); }
 
+  // The grid of exact statistic sums over at most n_rows rows whose centred values are bounded,
+  // |x_nj - c_j| <= max_abs_j: |N_k| <= n, |Sx_kj| <= n a_j, |Sxx_kij| <= n a_i a_j, each with a
+  // factor 2 for the rounding of the block sums (and of r_nk <= 1). Every rank computes the same.
+  std::vector<int> exact_exponents(double n_rows, const Eigen::VectorXd& max_abs) const;
+
   // Accumulates the statistics of given responsibilities (rows of resp sum to 1) into stats.
+  // Rows are taken in blocks of kBlockRows from row 0 of x: for sums that do not depend on the
+  // rank count, x must start at a global block boundary (as shards and stream chunks do).
   void accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const;
 
   // E-step over local rows: responsibilities from the current posterior (seed eq. 1.61, in log
-  // space), their statistics added into stats. If resp_out is given it receives r (n x K).
+  // space), their statistics added into stats (blocks as in accumulate). If resp_out is given it
+  // receives r (n x K).
   void local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out = nullptr) const;
 
   // M-step from summed statistics (Bishop 10.58, 10.60-10.63, in natural-parameter form), or
@@ -166,8 +199,9 @@ class Model {
   double elbo(const Stats& stats) const;
 
   // Sum over rows of the log posterior predictive density, a Student-t mixture (seed eq. 1.73);
-  // for EM the log-likelihood of the rows.
-  double log_predictive_sum(const RowMatrix& x) const;
+  // for EM the log-likelihood of the rows. Appends one partial sum per kBlockRows block of x to
+  // `blocks` (for an order-independent total) and returns their sum in block order.
+  double log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks = nullptr) const;
 
   // Expected weights E[pi_k] (stick-breaking: renormalised over the K components, as
   // scikit-learn), means m_k, and covariances (E[Lambda_k])^-1 = W_k^-1 / nu_k (the convention
@@ -184,10 +218,12 @@ class Model {
  private:
   void refresh();     // recompute the cached expectations below from post_
   void refresh_ml();  // the same from ml_
+  void refresh_kernel();  // prec_all_ and offset_all_ from prec_chol_ and m_shifted_
   void update_ml(const Stats& stats);
   double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
-  // Per-row log rho_nk (seed eq. 1.42 with 1.58-1.60) for rows [r0, r1) of x into out (n x K).
-  void log_rho(const RowMatrix& x, Eigen::Index r0, Eigen::Index r1, RowMatrix& out) const;
+  // Per-row ln rho_nk (seed eq. 1.42 with 1.58-1.60) of one block of centred rows xc into out
+  // (n x K); y is scratch.
+  void log_rho(const RowMatrix& xc, RowMatrix& y, RowMatrix& out) const;
 
   Covariance cov_;
   int k_;
@@ -208,6 +244,10 @@ class Model {
                                             // (EM: = Sigma_k^-1)
   RowMatrix w_diag_;                        // diag: W_kd (K x D) (EM: 1/sigma_kd^2)
   RowMatrix m_shifted_;                     // m_k - c (K x D)
+  // Full: [P_1 ... P_K] (D x KD) and [(m_1 - c)^T P_1 ... ] (1 x KD), so that one GEMM of a block
+  // of rows gives every (x_n - m_k)^T P_k at once.
+  Eigen::MatrixXd prec_all_;
+  Eigen::RowVectorXd offset_all_;
 };
 
 }  // namespace caviar::gmm
