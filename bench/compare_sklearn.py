@@ -1,6 +1,9 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Time per CAVI iteration, caviar against scikit-learn's BayesianGaussianMixture, side by side in
-one run on the same generated data, and print the ratios.
+"""Time per iteration, caviar against scikit-learn, side by side in one run on the same generated
+data, and print the ratios: CAVI against BayesianGaussianMixture and EM against GaussianMixture
+(--algorithm), full or diagonal covariance (--covariance). caviar runs with its default exact
+(bitwise reproducible) sums, and also with --fast-reduce, whose ratio to the former is the cost of
+reproducibility.
 
 Both are timed per iteration from their own progress output, and the median is taken (robust to
 other processes on a shared machine): caviar's per-iteration lines (cumulative seconds, differenced)
@@ -10,6 +13,7 @@ iteration) and numpy on whatever BLAS Debian's alternatives select (OpenBLAS-pth
 libopenblas0-pthread is installed) with OPENBLAS_NUM_THREADS threads.
 
 usage: compare_sklearn.py CAVIAR_BIN WORKDIR [--scale 0.1] [--shapes 0,1,2] [--threads 2]
+                          [--algorithm cavi|em] [--covariance full|diag]
 """
 import argparse
 import contextlib
@@ -42,11 +46,15 @@ def run(argv, env=None):
     return r
 
 
-def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir):
+def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, covariance,
+                    fast=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init", "random",
                             "--seed", "1", "--max-iter", str(iters), "--tol", "0",
+                            "--algorithm", algorithm, "--covariance", covariance,
                             "--out", os.path.join(workdir, "caviar_model.h5")]
+    if fast:
+        argv.append("--fast-reduce")
     r = run(argv, env)
     # "iter    3  elbo -6.0e+03  rel 1.8e-08     0.017s": seconds since the fit started.
     t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", r.stderr, re.M)]
@@ -55,14 +63,16 @@ def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir):
     return float(np.median(np.diff(t))), json.loads(r.stdout.strip().splitlines()[-1])["elbo"]
 
 
-def sklearn_per_iter(x, k, iters):
+def sklearn_per_iter(x, k, iters, algorithm, covariance):
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.mixture import BayesianGaussianMixture
-    est = BayesianGaussianMixture(
-        n_components=k, covariance_type="full",
-        weight_concentration_prior_type="dirichlet_distribution",
-        max_iter=iters, tol=0.0, init_params="random_from_data", random_state=0,
-        verbose=2, verbose_interval=1)
+    from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
+    common = dict(n_components=k, covariance_type=covariance, max_iter=iters, tol=0.0,
+                  init_params="random_from_data", random_state=0, verbose=2, verbose_interval=1)
+    if algorithm == "em":
+        est = GaussianMixture(**common)
+    else:
+        est = BayesianGaussianMixture(
+            weight_concentration_prior_type="dirichlet_distribution", **common)
     out = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(out):
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -80,6 +90,8 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every N (for a quick run)")
     ap.add_argument("--shapes", default="0,1,2")
     ap.add_argument("--threads", type=int, default=2, help="cores to use, for both sides")
+    ap.add_argument("--algorithm", default="cavi", choices=["cavi", "em"])
+    ap.add_argument("--covariance", default="full", choices=["full", "diag"])
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     threads = args.threads
@@ -93,24 +105,31 @@ def main():
                                     str(d), "--components", str(k), "--seed", "1", "--out", data])
         with h5py.File(data) as f:
             x = f["X"][:]
-        sk = sklearn_per_iter(x, k, SKLEARN_ITERS[si])
-        one, _ = caviar_per_iter(args.caviar, data + ":/X", k, 1, threads, CAVIAR_ITERS[si], args.workdir)
-        two, _ = caviar_per_iter(args.caviar, data + ":/X", k, threads, 1, CAVIAR_ITERS[si], args.workdir)
-        rows.append((n, d, k, sk, one, two))
+        sk = sklearn_per_iter(x, k, SKLEARN_ITERS[si], args.algorithm, args.covariance)
+        kind = (args.caviar, data + ":/X", k)
+        opts = (CAVIAR_ITERS[si], args.workdir, args.algorithm, args.covariance)
+        one, _ = caviar_per_iter(*kind, 1, threads, *opts)
+        two, _ = caviar_per_iter(*kind, threads, 1, *opts)
+        fast, _ = caviar_per_iter(*kind, 1, threads, *opts, fast=True)
+        rows.append((n, d, k, sk, one, two, fast))
         print(f"# shape {si}: N={n} D={d} K={k}: sklearn {sk:.4f} s/iter, caviar 1x{threads} "
-              f"{one:.4f}, {threads}x1 {two:.4f}", file=sys.stderr, flush=True)
+              f"{one:.4f}, {threads}x1 {two:.4f}, 1x{threads} --fast-reduce {fast:.4f}",
+              file=sys.stderr, flush=True)
 
     load = os.getloadavg()[0]
-    print(f"\nCAVI time per iteration (full covariance), {threads} cores; load average "
-          f"{load:.2f} at the end (other processes inflate both sides)")
+    peer = "GaussianMixture" if args.algorithm == "em" else "BayesianGaussianMixture"
+    print(f"\n{args.algorithm.upper()} time per iteration ({args.covariance} covariance) against "
+          f"sklearn {peer}, {threads} cores; load average {load:.2f} at the end (other processes "
+          f"inflate both sides)")
     print(f"| N | D | K | sklearn s/iter | caviar 1 rank x {threads} threads | ratio | "
-          f"caviar {threads} ranks x 1 thread | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n, d, k, sk, one, two in rows:
+          f"caviar {threads} ranks x 1 thread | ratio | 1x{threads} --fast-reduce | exact/fast |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, d, k, sk, one, two, fast in rows:
         print(f"| {n} | {d} | {k} | {sk:.4f} | {one:.4f} | {sk / one:.1f}x | {two:.4f} | "
-              f"{sk / two:.1f}x |")
-    print(json.dumps({"rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
-                                    caviar_Tx1=r[5]) for r in rows]}))
+              f"{sk / two:.1f}x | {fast:.4f} | {one / fast:.2f} |")
+    print(json.dumps({"algorithm": args.algorithm, "covariance": args.covariance,
+                      "rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
+                                    caviar_Tx1=r[5], caviar_fast_1xT=r[6]) for r in rows]}))
 
 
 if __name__ == "__main__":

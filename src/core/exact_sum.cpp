@@ -20,8 +20,7 @@ constexpr int kMinExponent = -1074 + kGridBits;
 // rounds once there and the conversion to double once more.
 double to_double(Int128 v) {
   const bool neg = v < 0;
-  const UInt128 u =
-      neg ? -static_cast<UInt128>(v) : static_cast<UInt128>(v);
+  const UInt128 u = neg ? -static_cast<UInt128>(v) : static_cast<UInt128>(v);
   const auto hi = static_cast<std::uint64_t>(u >> 64);
   const auto lo = static_cast<std::uint64_t>(u);
   const long double x = std::ldexp(static_cast<long double>(hi), 64) + static_cast<long double>(lo);

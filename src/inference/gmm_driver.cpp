@@ -153,9 +153,8 @@ Moments data_moments(const Comm& comm, const Source& src, bool with_cov) {
   comm.allreduce_max(std::span<double>(max_x.data(), ud));
   std::vector<int> e(ud);
   for (std::size_t j = 0; j < ud; ++j) e[j] = bound_exponent(n2 * max_x[Eigen::Index(j)]);
-  const std::vector<double> sum =
-      exact_block_sum(comm, src, e, [&](const RowMatrix& x, Eigen::Index r0, Eigen::Index r1,
-                                        double* out) {
+  const std::vector<double> sum = exact_block_sum(
+      comm, src, e, [&](const RowMatrix& x, Eigen::Index r0, Eigen::Index r1, double* out) {
         for (Eigen::Index i = r0; i < r1; ++i)
           for (Eigen::Index j = 0; j < d; ++j) out[j] += x(i, j);
       });
@@ -319,8 +318,8 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
 void full_pass(const Comm& comm, const Source& src, const Model& model, Stats& stats,
                RowMatrix* resp_out) {
   stats.set_zero();
-  each_chunk_agreed(comm, src,
-                    [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
+  each_chunk_agreed(
+      comm, src, [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
   reduce(&comm, stats, src.shape().rows);
 }
 

@@ -118,7 +118,6 @@ TEST(ExactSum, RejectsBrokenBoundsAndNonFinite) {
 }  // namespace
 }  // namespace caviar
 
-
 namespace caviar {
 namespace {
 
@@ -144,8 +143,7 @@ TEST(ExactSum, LimbsMatchA128BitReference) {
     s.add(v);
   }
   const auto raw = s.raw();
-  for (std::size_t i = 0; i < exps.size(); ++i)
-    EXPECT_TRUE(raw[i] == ref[i]) << "entry " << i;
+  for (std::size_t i = 0; i < exps.size(); ++i) EXPECT_TRUE(raw[i] == ref[i]) << "entry " << i;
 }
 
 }  // namespace

@@ -623,14 +623,15 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
   };
   if (est_ == Estimator::kMaximumLikelihood) {
     // EM: the E-step's log-normalisers, sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k).
-    parallel_blocks(x.rows(), kBlockRows, max_threads(), [&](int, std::int64_t r0, std::int64_t r1) {
-      const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
-      RowMatrix y, lp;
-      log_rho(xc, y, lp);
-      double sum = 0;
-      for (Index i = 0; i < lp.rows(); ++i) sum += math::log_sum_exp(lp.row(i));
-      partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
-    });
+    parallel_blocks(x.rows(), kBlockRows, max_threads(),
+                    [&](int, std::int64_t r0, std::int64_t r1) {
+                      const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+                      RowMatrix y, lp;
+                      log_rho(xc, y, lp);
+                      double sum = 0;
+                      for (Index i = 0; i < lp.rows(); ++i) sum += math::log_sum_exp(lp.row(i));
+                      partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
+                    });
     return finish();
   }
   const int d = dim(), kk = n_components();
@@ -649,29 +650,28 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
                      0.5 * dims_per_t * std::log(M_PI * nup) + 0.5 * dims_per_t * std::log(c)) +
               0.5 * logdet_w_[k];
   }
-  parallel_blocks(
-      x.rows(), kBlockRows, max_threads(), [&](int, std::int64_t r0, std::int64_t r1) {
-        const Index n = r1 - r0;
-        const RowMatrix xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
-        RowMatrix lp(n, kk);
-        for (int k = 0; k < kk; ++k) {
-          if (cov_ == Covariance::kFull) {
-            RowMatrix y = xc * prec_chol_[k];
-            y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
-            const Eigen::ArrayXd delta2 = scale[k] * y.rowwise().squaredNorm().array();
-            lp.col(k) = (base[k] - 0.5 * (dof[k] + d) * (delta2 / dof[k]).log1p()).matrix();
-          } else {
-            const Eigen::ArrayXXd delta2 =
-                scale[k] * ((xc.rowwise() - m_shifted_.row(k)).array().square().rowwise() *
-                            w_diag_.row(k).array());
-            lp.col(k) =
-                (base[k] - 0.5 * (dof[k] + 1) * (delta2 / dof[k]).log1p().rowwise().sum()).matrix();
-          }
-        }
-        double sum = 0;
-        for (Index i = 0; i < n; ++i) sum += math::log_sum_exp(lp.row(i));
-        partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
-      });
+  parallel_blocks(x.rows(), kBlockRows, max_threads(), [&](int, std::int64_t r0, std::int64_t r1) {
+    const Index n = r1 - r0;
+    const RowMatrix xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
+    RowMatrix lp(n, kk);
+    for (int k = 0; k < kk; ++k) {
+      if (cov_ == Covariance::kFull) {
+        RowMatrix y = xc * prec_chol_[k];
+        y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
+        const Eigen::ArrayXd delta2 = scale[k] * y.rowwise().squaredNorm().array();
+        lp.col(k) = (base[k] - 0.5 * (dof[k] + d) * (delta2 / dof[k]).log1p()).matrix();
+      } else {
+        const Eigen::ArrayXXd delta2 =
+            scale[k] * ((xc.rowwise() - m_shifted_.row(k)).array().square().rowwise() *
+                        w_diag_.row(k).array());
+        lp.col(k) =
+            (base[k] - 0.5 * (dof[k] + 1) * (delta2 / dof[k]).log1p().rowwise().sum()).matrix();
+      }
+    }
+    double sum = 0;
+    for (Index i = 0; i < n; ++i) sum += math::log_sum_exp(lp.row(i));
+    partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
+  });
   return finish();
 }
 

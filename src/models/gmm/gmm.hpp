@@ -28,12 +28,12 @@
 #include <Eigen/Cholesky>
 #include <Eigen/Core>
 
-#include "core/exact_sum.hpp"
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
+#include "core/exact_sum.hpp"
 
 namespace caviar::gmm {
 
@@ -216,8 +216,8 @@ class Model {
   std::vector<Eigen::MatrixXd> scale_matrices() const;
 
  private:
-  void refresh();     // recompute the cached expectations below from post_
-  void refresh_ml();  // the same from ml_
+  void refresh();         // recompute the cached expectations below from post_
+  void refresh_ml();      // the same from ml_
   void refresh_kernel();  // prec_all_ and offset_all_ from prec_chol_ and m_shifted_
   void update_ml(const Stats& stats);
   double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
