@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 import h5py
@@ -83,6 +84,27 @@ def sklearn_per_iter(x, k, iters, algorithm, covariance):
     return float(np.median(lapses))
 
 
+def dgemm_peak(threads):
+    """The machine's DGEMM rate through numpy's BLAS (OpenBLAS) on `threads` threads: best of a
+    few 4096^3 products, in GFLOP/s."""
+    a = np.random.default_rng(0).standard_normal((4096, 4096))
+    b = np.random.default_rng(1).standard_normal((4096, 4096))
+    a @ b  # warm up (threads, pages)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 4096**3 / best * 1e-9
+
+
+def nominal_gflops(n, d, k, seconds, covariance):
+    """caviar's nominal rate (bench/bench_gmm.cpp's count): 3 D^2 (full) or 5 D (diag) flops per
+    point and component per iteration."""
+    per = 3.0 * d * d if covariance == "full" else 5.0 * d
+    return per * n * k / seconds * 1e-9
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("caviar")
@@ -116,18 +138,24 @@ def main():
               f"{one:.4f}, {threads}x1 {two:.4f}, 1x{threads} --fast-reduce {fast:.4f}",
               file=sys.stderr, flush=True)
 
+    peak = dgemm_peak(threads)
     load = os.getloadavg()[0]
     peer = "GaussianMixture" if args.algorithm == "em" else "BayesianGaussianMixture"
     print(f"\n{args.algorithm.upper()} time per iteration ({args.covariance} covariance) against "
           f"sklearn {peer}, {threads} cores; load average {load:.2f} at the end (other processes "
           f"inflate both sides)")
     print(f"| N | D | K | sklearn s/iter | caviar 1 rank x {threads} threads | ratio | "
-          f"caviar {threads} ranks x 1 thread | ratio | 1x{threads} --fast-reduce | exact/fast |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          f"caviar {threads} ranks x 1 thread | ratio | 1x{threads} --fast-reduce | exact/fast | "
+          f"caviar nominal GFLOP/s (% of DGEMM) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n, d, k, sk, one, two, fast in rows:
+        g = nominal_gflops(n, d, k, min(one, two), args.covariance)
         print(f"| {n} | {d} | {k} | {sk:.4f} | {one:.4f} | {sk / one:.1f}x | {two:.4f} | "
-              f"{sk / two:.1f}x | {fast:.4f} | {one / fast:.2f} |")
+              f"{sk / two:.1f}x | {fast:.4f} | {one / fast:.2f} | {g:.1f} ({100 * g / peak:.0f}%) |")
+    print(f"DGEMM peak measured in this run (numpy/OpenBLAS, {threads} threads, 4096^3): "
+          f"{peak:.1f} GFLOP/s")
     print(json.dumps({"algorithm": args.algorithm, "covariance": args.covariance,
+                      "dgemm_gflops": peak,
                       "rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
                                     caviar_Tx1=r[5], caviar_fast_1xT=r[6]) for r in rows]}))
 

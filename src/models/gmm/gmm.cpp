@@ -135,8 +135,10 @@ struct Accumulator {
   std::optional<ExactSum> exact;
   std::vector<double> block_log_norms;
   std::vector<double> block;
-  RowMatrix xc, r, y, f;  // scratch: centred block, responsibilities, E-step products, features
-  MatrixXd scatter;       // scratch: one component's D x D second moment (large D)
+  RowMatrix xc, xt, r, y, f;  // scratch: centred block (n x D and D x n), responsibilities
+                              // (K x n), E-step products, features
+  MatrixXd scatter;           // scratch: one component's D x D second moment (large D)
+  MatrixXd z;                 // scratch: sqrt(r)-weighted rows of one component (large D)
 
   explicit Accumulator(const Stats& s) : block(s.buffer().size(), 0.0) {
     if (s.exact())
@@ -148,8 +150,9 @@ struct Accumulator {
 
   // The statistics of one block (seed eqs 1.45-1.47 before normalisation): the rows of
   // R^T F with F = [1, x - c, packed (x - c)(x - c)^T] (diag: [1, x - c, (x - c)^2]).
-  void add(const RowMatrix& xcb, const RowMatrix& rb, double log_norm, Covariance cov) {
-    const Index n = xcb.rows(), d = xcb.cols(), kk = rb.cols();
+  // rt holds the block's responsibilities transposed (K x n).
+  void add(const RowMatrix& xcb, const RowMatrix& rt, double log_norm, Covariance cov) {
+    const Index n = xcb.rows(), d = xcb.cols(), kk = rt.rows();
     const Index m = cov == Covariance::kFull ? d * (d + 1) / 2 : d;
     const Index row = 1 + d + m;
     Eigen::Map<RowMatrix> g(block.data(), kk, row);
@@ -165,14 +168,14 @@ struct Accumulator {
       } else {
         f.rightCols(d) = xcb.cwiseAbs2();
       }
-      g.noalias() = rb.transpose() * f;
+      g.noalias() = rt * f;
     } else {
-      g.leftCols(1 + d).noalias() = rb.transpose() * f;
+      g.leftCols(1 + d).noalias() = rt * f;
       for (Index k = 0; k < kk; ++k) {
         // Symmetric rank-n update on sqrt(r)-weighted rows: half the flops of a GEMM.
         scatter.setZero(d, d);
-        if (rb.col(k).maxCoeff() > 0.0) {
-          const MatrixXd z = (xcb.array().colwise() * rb.col(k).array().sqrt()).matrix();
+        if (rt.row(k).maxCoeff() > 0.0) {
+          z = (xcb.array().colwise() * rt.row(k).transpose().array().sqrt()).matrix();
           scatter.selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
         }
         double* out = block.data() + k * row + 1 + d;
@@ -234,44 +237,55 @@ Model::Model(Covariance cov, int n_components, Prior prior, VectorXd shift, Esti
 void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const {
   for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
     a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
-    a.r = resp.middleRows(r0, r1 - r0);
+    a.r = resp.middleRows(r0, r1 - r0).transpose();
     a.add(a.xc, a.r, 0.0, cov_);
   });
 }
 
-void Model::log_rho(const RowMatrix& xc, RowMatrix& y, RowMatrix& out) const {
+void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
   // Seed eq. 1.42 with 1.58-1.60: ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
-  //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xc here is already x - c.
+  //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xt here is (x - c)^T, D x n.
   // EM (Bishop 9.23): ln pi_k + ln|Lambda_k|/2 - D/2 ln 2pi - 1/2 (x_n - mu_k)^T Lambda_k (.),
   // the same form with beta_k -> infinity and nu_k W_k -> Lambda_k (see refresh_ml).
-  const Index n = xc.rows();
+  // Everything runs along rows (contiguous, n per line), so it vectorises for any D and K.
+  const Index n = xt.cols();
   const int kk = n_components(), d = dim();
-  out.resize(n, kk);
+  out.resize(kk, n);
+  Eigen::ArrayXd quad(n);
   if (cov_ == Covariance::kFull) {
-    // (x - m)^T W (x - m) = ||(x - c)^T P - (m - c)^T P||^2 with P P^T = W, for a group of
-    // components at once: one GEMM of the block against [P_k ... P_k+g], then squared norms of
-    // D-wide segments. Groups keep the product block (n x gD) within ~1 MB of cache.
+    // (x - m)^T W (x - m) = ||P^T (x - c) - P^T (m - c)||^2 with P P^T = W, for a group of
+    // components at once: one GEMM [P_k ... P_k+g]^T (x - c)^T, then sums of D squared lines.
+    // Groups keep the product block (gD x n) within ~1 MB of cache.
+    if (d <= 4) {
+      // Tiny D: the GEMM's depth would be D, so form each line P_k^T (x - c) directly.
+      for (int k = 0; k < kk; ++k) {
+        quad.setZero();
+        for (int j = 0; j < d; ++j) {
+          Eigen::ArrayXd t = Eigen::ArrayXd::Constant(n, -offset_all_[Index(k) * d + j]);
+          for (int i = 0; i < d; ++i) t += prec_all_(i, Index(k) * d + j) * xt.row(i).array();
+          quad += t.square();
+        }
+        out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
+      }
+      return;
+    }
     const int group = std::max(1, 512 / d);
     for (int k0 = 0; k0 < kk; k0 += group) {
       const int g = std::min(group, kk - k0);
-      y.noalias() = xc * prec_all_.middleCols(Index(k0) * d, Index(g) * d);
-      y.rowwise() -= offset_all_.segment(Index(k0) * d, Index(g) * d);
-      for (Index i = 0; i < n; ++i) {
-        const double* yi = y.row(i).data();
-        for (int k = 0; k < g; ++k) {
-          double q = 0;
-          for (int j = 0; j < d; ++j) q += yi[k * d + j] * yi[k * d + j];
-          out(i, k0 + k) = log_rho_base_[k0 + k] - 0.5 * quad_scale_[k0 + k] * q;
-        }
+      y.noalias() = prec_all_.middleCols(Index(k0) * d, Index(g) * d).transpose() * xt;
+      for (int k = 0; k < g; ++k) {
+        quad.setZero();
+        for (int j = 0; j < d; ++j)
+          quad += (y.row(Index(k) * d + j).array() - offset_all_[Index(k0 + k) * d + j]).square();
+        out.row(k0 + k) = log_rho_base_[k0 + k] - 0.5 * quad_scale_[k0 + k] * quad;
       }
     }
   } else {
     for (int k = 0; k < kk; ++k) {
-      const Eigen::VectorXd quad =
-          ((xc.rowwise() - m_shifted_.row(k)).array().square().rowwise() * w_diag_.row(k).array())
-              .rowwise()
-              .sum();
-      out.col(k) = (log_rho_base_[k] - 0.5 * quad_scale_[k] * quad.array()).matrix();
+      quad.setZero();
+      for (int j = 0; j < d; ++j)
+        quad += w_diag_(k, j) * (xt.row(j).array() - m_shifted_(k, j)).square();
+      out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
     }
   }
 }
@@ -281,17 +295,17 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
   for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
     const Index n = r1 - r0;
     a.xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
-    log_rho(a.xc, a.y, a.r);
-    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the row maxima
-    // subtracted first and the exponentials of the whole block taken at once (vectorised).
-    Eigen::VectorXd mx = a.r.rowwise().maxCoeff();
-    a.r.colwise() -= mx;
+    a.xt = a.xc.transpose();
+    log_rho(a.xt, a.y, a.r);
+    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the maxima over
+    // k subtracted first and the exponentials of the whole K x n block taken at once.
+    const Eigen::RowVectorXd mx = a.r.colwise().maxCoeff();
+    a.r.rowwise() -= mx;
     a.r = a.r.array().exp();
-    const Eigen::VectorXd sums = a.r.rowwise().sum();
-    a.r.array().colwise() /= sums.array();
-    double log_norm = 0;
-    for (Index i = 0; i < n; ++i) log_norm += mx[i] + std::log(sums[i]);
-    if (resp_out) resp_out->middleRows(r0, n) = a.r;
+    const Eigen::RowVectorXd sums = a.r.colwise().sum();
+    a.r.array().rowwise() /= sums.array();
+    const double log_norm = (mx.array() + sums.array().log()).sum();
+    if (resp_out) resp_out->middleRows(r0, n) = a.r.transpose();
     a.add(a.xc, a.r, log_norm, cov_);
   });
 }
@@ -625,11 +639,12 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
     // EM: the E-step's log-normalisers, sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k).
     parallel_blocks(x.rows(), kBlockRows, max_threads(),
                     [&](int, std::int64_t r0, std::int64_t r1) {
-                      const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+                      const RowMatrix xt =
+                          (x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose()).transpose();
                       RowMatrix y, lp;
-                      log_rho(xc, y, lp);
+                      log_rho(xt, y, lp);
                       double sum = 0;
-                      for (Index i = 0; i < lp.rows(); ++i) sum += math::log_sum_exp(lp.row(i));
+                      for (Index i = 0; i < lp.cols(); ++i) sum += math::log_sum_exp(lp.col(i));
                       partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;
                     });
     return finish();

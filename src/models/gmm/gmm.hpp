@@ -221,9 +221,9 @@ class Model {
   void refresh_kernel();  // prec_all_ and offset_all_ from prec_chol_ and m_shifted_
   void update_ml(const Stats& stats);
   double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
-  // Per-row ln rho_nk (seed eq. 1.42 with 1.58-1.60) of one block of centred rows xc into out
-  // (n x K); y is scratch.
-  void log_rho(const RowMatrix& xc, RowMatrix& y, RowMatrix& out) const;
+  // ln rho_nk (seed eq. 1.42 with 1.58-1.60) of one block of centred rows, given transposed
+  // (xt = (x - c)^T, D x n), into out (K x n); y is scratch.
+  void log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const;
 
   Covariance cov_;
   int k_;
