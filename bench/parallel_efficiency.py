@@ -1,0 +1,83 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""Parallel efficiency and peak memory of `caviar gmm fit` on this machine (issue 4).
+
+Runs the same CAVI fit (N = 1e6, D = 16, K = 20 by default; random start, --tol 0, fixed
+iteration count) at 1 rank x 1 thread, 1 x T and T x 1, takes the median time per iteration from
+the progress lines, and prints the efficiency t(1x1) / (P T t(PxT)). Each configuration runs in
+its own process group; peak resident memory per process comes from getrusage (the largest
+caviar process of the run) and is compared with that process's data shard (N D 8 / P bytes).
+
+usage: parallel_efficiency.py CAVIAR_BIN WORKDIR [--n 1000000] [--dim 16] [--k 20] [--threads 2]
+                              [--iters 10] [--fast-reduce]
+"""
+import argparse
+import os
+import re
+import resource
+import subprocess
+import sys
+
+import numpy as np
+
+
+def mpirun(n):
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"] + extra
+
+
+def run_fit(caviar, data, k, ranks, threads, iters, fast):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init",
+                            "random", "--seed", "1", "--max-iter", str(iters), "--tol", "0"]
+    if fast:
+        argv.append("--fast-reduce")
+    # Peak RSS of this run alone: a fresh child python whose children are the run.
+    probe = ("import resource,subprocess,sys,json;"
+             "r=subprocess.run(sys.argv[1:],capture_output=True,text=True);"
+             "print(json.dumps([r.returncode,r.stderr,"
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
+    out = subprocess.run([sys.executable, "-c", probe] + argv, capture_output=True, text=True,
+                         env=env, timeout=3600)
+    import json
+    code, stderr, maxrss_kb = json.loads(out.stdout)
+    if code != 0:
+        sys.exit(f"FAILED ({ranks}x{threads}):\n{stderr}")
+    t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", stderr, re.M)]
+    return float(np.median(np.diff(t))), maxrss_kb * 1024
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("caviar")
+    ap.add_argument("workdir")
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--fast-reduce", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    data = os.path.join(a.workdir, f"eff_{a.n}_{a.dim}_{a.k}.h5")
+    if not os.path.exists(data):
+        subprocess.run(mpirun(1) + [a.caviar, "-q", "generate", "gmm", "--n", str(a.n), "--dim",
+                                    str(a.dim), "--components", str(a.k), "--seed", "1",
+                                    "--out", data + ":/X"], check=True, capture_output=True)
+    t = a.threads
+    configs = [(1, 1), (1, t), (t, 1)]
+    res = {c: run_fit(a.caviar, data + ":/X", a.k, *c, a.iters, a.fast_reduce) for c in configs}
+    base = res[(1, 1)][0]
+    load = os.getloadavg()[0]
+    print(f"CAVI N={a.n} D={a.dim} K={a.k}, {a.iters} iterations, "
+          f"{'--fast-reduce' if a.fast_reduce else 'exact sums'}; load average {load:.2f} at the end")
+    print("| ranks x threads | s/iter | speed-up | efficiency | peak RSS per process (MB) | "
+          "data shard (MB) |")
+    print("|---|---|---|---|---|---|")
+    for (p, th), (s, rss) in res.items():
+        shard = a.n * a.dim * 8 / p / 2**20
+        print(f"| {p} x {th} | {s:.4f} | {base / s:.2f} | {100 * base / (s * p * th):.0f}% | "
+              f"{rss / 2**20:.0f} | {shard:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
