@@ -58,9 +58,13 @@ inline double log(double x) {
   constexpr double kSqrt2 = 1.4142135623730950488;
   const std::uint64_t bits = std::bit_cast<std::uint64_t>(x);
   const double m0 = std::bit_cast<double>((bits & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull);
-  const double big = m0 > kSqrt2 ? 1.0 : 0.0;
-  const double m = big > 0 ? 0.5 * m0 : m0;
-  const double e = static_cast<double>(static_cast<std::int64_t>(bits >> 52) - 1023) + big;
+  // Arithmetic rather than selects: GCC then if-converts loops holding several logarithms.
+  const double big = static_cast<double>(m0 > kSqrt2);
+  const double m = m0 * (1.0 - 0.5 * big);
+  // The exponent as a double without an integer conversion (which GCC treats as possibly
+  // trapping and will not if-convert): 2^52 + biased exponent, minus 2^52 + 1023.
+  const double e =
+      std::bit_cast<double>((bits >> 52) | 0x4330000000000000ull) - (0x1p52 + 1023.0) + big;
   const double s = (m - 1.0) / (m + 1.0);
   const double s2 = s * s;
   double p = 1.0 / 23;
@@ -84,14 +88,12 @@ inline double log(double x) {
 // terms each (N/D + 1/a = (N a + D)/(D a)); above 1e50, where D would overflow, by 10/x + the
 // first correction.
 inline double digamma(double x) {
+  // Written out (no inner loop), so that loops over digamma if-convert and vectorise.
   double n1 = 1.0, d1 = x, n2 = 1.0, d2 = x + 5.0;
-  for (int i = 1; i < 5; ++i) {
-    const double a = x + i, b = x + 5.0 + i;
-    n1 = n1 * a + d1;
-    d1 *= a;
-    n2 = n2 * b + d2;
-    d2 *= b;
-  }
+  n1 = n1 * (x + 1.0) + d1, d1 *= x + 1.0, n2 = n2 * (x + 6.0) + d2, d2 *= x + 6.0;
+  n1 = n1 * (x + 2.0) + d1, d1 *= x + 2.0, n2 = n2 * (x + 7.0) + d2, d2 *= x + 7.0;
+  n1 = n1 * (x + 3.0) + d1, d1 *= x + 3.0, n2 = n2 * (x + 8.0) + d2, d2 *= x + 8.0;
+  n1 = n1 * (x + 4.0) + d1, d1 *= x + 4.0, n2 = n2 * (x + 9.0) + d2, d2 *= x + 9.0;
   const double recip = x > 1e50 ? 10.0 / x : n1 / d1 + n2 / d2;
   const double y = x + 10.0;
   const double r = 1.0 / y;
@@ -110,13 +112,13 @@ inline double digamma(double x) {
 // of about 2e-14 near the minimum of ln Gamma: used for sums of many terms (the ELBO), not for
 // ratios of nearly equal gammas.
 inline double lgamma(double x) {
-  double p1 = x, p2 = x + 5.0;
-  for (int i = 1; i < 5; ++i) {
-    p1 *= x + i;
-    p2 *= x + 5.0 + i;
-  }
-  const double big = x > 1e50 ? 1.0 : 0.0;
-  const double shift = big > 0 ? 10.0 * fast::log(x) + 45.0 / x : fast::log(p1) + fast::log(p2);
+  const double p1 = x * (x + 1.0) * (x + 2.0) * (x + 3.0) * (x + 4.0);
+  const double p2 = (x + 5.0) * (x + 6.0) * (x + 7.0) * (x + 8.0) * (x + 9.0);
+  // Both logarithms are always taken (of selected arguments), so the loop has no branches.
+  const bool big = x > 1e50;
+  const double l1 = fast::log(big ? x : p1), l2 = fast::log(big ? 1.0 : p2);
+  const double inv = 45.0 / x;
+  const double shift = big ? 10.0 * l1 + inv : l1 + l2;
   const double y = x + 10.0;
   const double r = 1.0 / y;
   const double f = r * r;
