@@ -81,6 +81,10 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       j["words"] = r.words;
       j["tokens"] = r.tokens;
       j["doc_sweeps"] = r.sweeps;
+      j["local_seconds_max"] = r.local_seconds_max;
+      j["local_seconds_min"] = r.local_seconds_min;
+      j["reduce_seconds_max"] = r.reduce_seconds_max;
+      j["reduced_rows"] = r.reduced_rows;
       if (!r.trace_perplexity.empty()) j["perplexity"] = r.trace_perplexity.back();
       j["ranks"] = ctx.comm->size();
       j["threads"] = max_threads();

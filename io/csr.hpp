@@ -22,9 +22,11 @@ struct CorpusInfo {
 };
 
 // Collective: reads and validates the corpus in group ref.path of ref.file; this rank receives a
-// contiguous range of whole 256-document blocks, balanced by token count (a first read of /data
-// measures the tokens of each block). Any problem (negative or non-integer counts, indices out of
-// range, indptr not monotone, mismatched lengths) is one agreed caviar::Error on every rank.
+// contiguous range of documents balanced by entries (distinct words per document: the cost of
+// the E-step; a first read of /data, in 256-document blocks, validates the counts and totals the
+// tokens). Any problem (negative or
+// non-integer counts, indices out of range, indptr not monotone, mismatched lengths) is one agreed
+// caviar::Error on every rank.
 lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info = nullptr);
 
 // Collective: reads only the header (sizes), validated as above except the per-entry checks.

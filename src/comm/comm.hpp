@@ -43,6 +43,8 @@ class Comm {
   // the same bits, so results do not depend on the rank count.
   void allreduce_sum(std::span<__int128> buf) const;
   double allreduce_max(double v) const;
+  // In-place element-wise bitwise or (e.g. the union of per-rank sets held as bitmaps).
+  void allreduce_or(std::span<std::uint64_t> buf) const;
   std::int64_t allreduce_min(std::int64_t v) const;
   std::int64_t allreduce_max(std::int64_t v) const;
   void broadcast(std::span<double> buf, int root) const;

@@ -61,7 +61,7 @@ TEST(LdaMpi, GeneratedCorpusIsIdenticalForAnyRankCount) {
   world().barrier();
 }
 
-TEST(LdaMpi, ShardsAreBalancedByTokens) {
+TEST(LdaMpi, ShardsAreBalancedByEntries) {
   io::CorpusInfo info;
   const lda::Corpus c = io::read_corpus(world(), io::DataRef::parse(corpus(), "/"), &info);
   EXPECT_EQ(info.n_docs, 1500);
@@ -76,7 +76,17 @@ TEST(LdaMpi, ShardsAreBalancedByTokens) {
     next = begins[r] + counts[r];
   }
   EXPECT_EQ(next, 1500);
-  // Every rank holds about T / P tokens: within one 256-document block (about 256 x 60 tokens).
+  // Every rank holds about E / P entries (the E-step's cost): within one document's entries.
+  const auto entries = world().allgather(c.nnz());
+  std::int64_t total_entries = 0, max_doc = 0;
+  for (auto e : entries) total_entries += e;
+  for (std::int64_t d = 0; d < c.n_docs(); ++d)
+    max_doc = std::max(max_doc, c.indptr[d + 1] - c.indptr[d]);
+  max_doc = world().allreduce_max(max_doc);
+  EXPECT_LE(
+      std::abs(static_cast<double>(c.nnz()) - static_cast<double>(total_entries) / world().size()),
+      static_cast<double>(max_doc));
+  // And so about T / P tokens on this corpus: within one 256-document block (256 x 60 tokens).
   const double mine = c.tokens();
   const auto all = world().allgather(mine);
   double total = 0;
@@ -129,6 +139,16 @@ TEST(LdaMpi, SviIsRankInvariant) {
 }
 TEST(LdaMpi, StreamedSviIsRankInvariant) {
   expect_same_fit("svi", true);
+}
+
+TEST(LdaMpi, AllreduceOrIsTheUnion) {
+  std::vector<std::uint64_t> bits(3, 0);
+  bits[static_cast<std::size_t>(world().rank() % 3)] |= std::uint64_t{1} << world().rank();
+  world().allreduce_or(bits);
+  std::vector<std::uint64_t> want(3, 0);
+  for (int r = 0; r < world().size(); ++r)
+    want[static_cast<std::size_t>(r % 3)] |= std::uint64_t{1} << r;
+  EXPECT_EQ(bits, want);
 }
 
 TEST(LdaMpi, ExportImportRoundTrip) {

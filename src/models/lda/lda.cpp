@@ -91,15 +91,30 @@ void Model::set_lambda(RowMatrix lambda) {
   refresh();
 }
 
+namespace {
+// Words per block of the threaded word loops below. The column sums are summed block by block in a
+// fixed order, so they do not depend on the thread count.
+constexpr std::int64_t kWordBlock = 512;
+}  // namespace
+
 void Model::refresh_row_sums() {
-  // Column sums of the V x K matrix, word by word in a fixed order (one accumulator per topic).
-  VectorXd sum = VectorXd::Zero(k_);
-  for (std::int64_t w = 0; w < v_; ++w) {
-    const double* l = &lambda_t_(w, 0);
-    double* s = sum.data();
+  // Column sums of the V x K matrix: per block of words (one accumulator per topic, words in
+  // order), then the blocks in order.
+  const std::int64_t n_blocks = (v_ + kWordBlock - 1) / kWordBlock;
+  std::vector<double> part(static_cast<std::size_t>(n_blocks * k_), 0.0);
+  parallel_blocks(n_blocks, 1, max_threads(), [&](int, std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      double* s = part.data() + b * k_;
+      for (std::int64_t w = b * kWordBlock; w < std::min(v_, (b + 1) * kWordBlock); ++w) {
+        const double* l = &lambda_t_(w, 0);
 #pragma omp simd
-    for (int k = 0; k < k_; ++k) s[k] += l[k];
-  }
+        for (int k = 0; k < k_; ++k) s[k] += l[k];
+      }
+    }
+  });
+  VectorXd sum = VectorXd::Zero(k_);
+  for (std::int64_t b = 0; b < n_blocks; ++b)
+    for (int k = 0; k < k_; ++k) sum[k] += part[static_cast<std::size_t>(b * k_ + k)];
   psi_row_sum_.resize(k_);
   for (int k = 0; k < k_; ++k) psi_row_sum_[k] = fast::digamma(sum[k]);
   ps_tile_.resize(static_cast<std::size_t>(8 * k_));
@@ -110,20 +125,24 @@ void Model::refresh_span(const double* lam, double* out, std::int64_t n_words) c
   // exp(psi(lambda_kw) - psi(sum_w lambda_kw)) for n_words contiguous rows of K. Groups of eight
   // rows are one flat vector loop of 8 K values against ps_tile_ (the K row-sum digammas repeated
   // eight times), so no lane is wasted on K not being a multiple of the vector width.
+  // Threads take blocks of words; every value is computed alone, so the thread count changes
+  // nothing.
   const std::int64_t group = 8 * k_;
   const double* ps = ps_tile_.data();
-  std::int64_t w = 0;
-  for (; w + 8 <= n_words; w += 8) {
+  parallel_blocks(n_words, kWordBlock, max_threads(), [&](int, std::int64_t w0, std::int64_t w1) {
+    std::int64_t w = w0;
+    for (; w + 8 <= w1; w += 8) {
+      const double* l = lam + w * k_;
+      double* e = out + w * k_;
+#pragma omp simd
+      for (std::int64_t i = 0; i < group; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
+    }
+    const std::int64_t rest = (w1 - w) * k_;
     const double* l = lam + w * k_;
     double* e = out + w * k_;
 #pragma omp simd
-    for (std::int64_t i = 0; i < group; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
-  }
-  const std::int64_t rest = (n_words - w) * k_;
-  const double* l = lam + w * k_;
-  double* e = out + w * k_;
-#pragma omp simd
-  for (std::int64_t i = 0; i < rest; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
+    for (std::int64_t i = 0; i < rest; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
+  });
 }
 
 void Model::refresh() {
@@ -227,7 +246,6 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         w.mark.assign(static_cast<std::size_t>(v_), 0);
       }
     }
-  std::vector<std::int64_t> sweeps(static_cast<std::size_t>(n_threads), 0);
   const double lg_dir_prior = std::lgamma(K * alpha_) - K * std::lgamma(alpha_);
   const double alpha = alpha_;
 
@@ -360,7 +378,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
             change += std::abs(gn[k] - gv[k]);
           }
           std::copy(gn, gn + K, gv);
-          ++sweeps[static_cast<std::size_t>(tid)];
+          ++ws.sweeps;
           if (change / K < opt.tol) break;
         }
       };
@@ -439,7 +457,10 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
       t.touched.clear();
     }
   std::int64_t total = 0;
-  for (auto v : sweeps) total += v;
+  for (int t = 0; t < n_threads; ++t) {
+    total += work_[static_cast<std::size_t>(t)].sweeps;
+    work_[static_cast<std::size_t>(t)].sweeps = 0;
+  }
   return total;
 }
 
@@ -455,12 +476,14 @@ void Model::update(const Stats& s) {
 
 void Model::update_stochastic(const Stats& s, double rho, double scale, bool refresh_all) {
   const double f = rho * scale / s.scale(), keep = 1.0 - rho, base = rho * eta_;
-  for (std::int64_t w = 0; w < v_; ++w) {
-    const std::int64_t* in = s.row(w);
-    double* l = &lambda_t_(w, 0);
+  parallel_blocks(v_, kWordBlock, max_threads(), [&](int, std::int64_t w0, std::int64_t w1) {
+    const std::int64_t* in = s.row(w0);
+    double* l = &lambda_t_(w0, 0);
+    const std::int64_t n = (w1 - w0) * k_;
 #pragma omp simd
-    for (int k = 0; k < k_; ++k) l[k] = keep * l[k] + (base + f * static_cast<double>(in[k]));
-  }
+    for (std::int64_t i = 0; i < n; ++i)
+      l[i] = keep * l[i] + (base + f * static_cast<double>(in[i]));
+  });
   if (refresh_all)
     refresh();
   else

@@ -131,12 +131,14 @@ class Model {
   // Per-thread scratch of local_step, kept between calls so that no document or minibatch
   // allocates. Threads beyond the first also keep their own statistics and the words they touched
   // (only those rows are added and cleared, so a minibatch costs its own words, not V).
-  struct Workspace {
+  // Cache-line aligned: each thread writes its own (a shared line would bounce between cores).
+  struct alignas(64) Workspace {
     std::vector<double> vec, doc;       // aligned per-document buffers (carved in local_step)
     std::vector<std::int64_t> offsets;  // row offsets of the document's words
     std::vector<std::int64_t> stats;    // V x K, all zero between calls
     std::vector<char> mark;             // V
     std::vector<std::int64_t> touched;
+    std::int64_t sweeps = 0;
   };
 
   int k_;
