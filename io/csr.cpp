@@ -251,6 +251,13 @@ std::pair<std::int64_t, std::int64_t> balanced_blocks(const std::vector<std::int
 
 }  // namespace
 
+std::pair<std::int64_t, std::int64_t> document_range(const std::vector<std::int64_t>& indptr, int p,
+                                                     int r) {
+  std::vector<std::int64_t> entries(indptr.size() - 1);
+  for (std::size_t d = 0; d + 1 < indptr.size(); ++d) entries[d] = indptr[d + 1] - indptr[d];
+  return balanced_blocks(entries, p, r);
+}
+
 lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) {
   CorpusInfo ci;
   const std::vector<std::int64_t> indptr = read_indptr(comm, ref, &ci);
@@ -289,9 +296,7 @@ lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) 
   // Spam Assassin corpus, two ranks with equal tokens had 351 000 and 234 000 entries (3663 short
   // mailing-list messages against 1770 spam messages with many repeated tokens), and the first
   // took 1.45 times as long (docs/experiments/lda.md).
-  std::vector<std::int64_t> doc_entries(static_cast<std::size_t>(ci.n_docs));
-  for (std::int64_t d = 0; d < ci.n_docs; ++d) doc_entries[d] = indptr[d + 1] - indptr[d];
-  const auto [d0, d1] = balanced_blocks(doc_entries, comm.size(), comm.rank());
+  const auto [d0, d1] = document_range(indptr, comm.size(), comm.rank());
   lda::Corpus c = read_corpus_range(comm, ref, indptr, ci.n_words, d0, d1);
   if (info) *info = ci;
   return c;

@@ -216,7 +216,6 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   }
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
 
-  if (o.stream && o.algorithm != "svi") throw Error("--stream needs --algorithm svi");
   io::CorpusInfo info;
   Corpus corpus;
   std::vector<std::int64_t> indptr;  // --stream: the whole /indptr, and no documents
@@ -239,7 +238,34 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   res.documents = info.n_docs;
   res.words = info.n_words;
   res.tokens = info.tokens;
-  if (!o.stream && !(info.tokens > 0))
+  // --stream CAVI: this rank's documents (the split of read_corpus) in pieces of
+  // stream_piece_docs documents, read again every iteration; only the gammas (K per document)
+  // stay in memory. A first reading pass validates them and counts the tokens, which set
+  // the fixed-point scale exactly as in memory, so the fit is the in-memory one bit for bit.
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+  std::int64_t piece_calls = 0;
+  auto read_piece = [&](std::int64_t i) {
+    const auto [a, b] = i < static_cast<std::int64_t>(pieces.size())
+                            ? pieces[static_cast<std::size_t>(i)]
+                            : std::pair<std::int64_t, std::int64_t>{0, 0};
+    return io::read_corpus_range(comm, ref, indptr, info.n_words, a, b);
+  };
+  if (o.stream && o.algorithm == "cavi") {
+    const auto [r0, r1] = io::document_range(indptr, comm.size(), comm.rank());
+    if (o.stream_piece_docs < 1) throw Error("the stream piece size must be >= 1");
+    for (std::int64_t a = r0; a < r1; a += o.stream_piece_docs)
+      pieces.emplace_back(a, std::min(r1, a + o.stream_piece_docs));
+    // Collective reads: every rank makes as many calls as the rank with the most pieces.
+    piece_calls = comm.allreduce_max(static_cast<std::int64_t>(pieces.size()));
+    std::int64_t tokens = 0;
+    for (std::int64_t i = 0; i < piece_calls; ++i)
+      tokens += static_cast<std::int64_t>(read_piece(i).tokens());
+    comm.allreduce_sum(std::span<std::int64_t>(&tokens, 1));
+    info.tokens = static_cast<double>(tokens);
+    res.tokens = info.tokens;
+    res.read_seconds = seconds_since(t0);
+  }
+  if ((!o.stream || o.algorithm == "cavi") && !(info.tokens > 0))
     throw Error(ref.str() + " has no tokens (every document is empty)");
 
   const double alpha = o.alpha.value_or(1.0 / o.topics);
@@ -267,15 +293,30 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   };
 
   if (o.algorithm == "cavi") {
-    const auto docs = iota(corpus.n_docs());
-    RowMatrix gamma;
-    terms.resize(docs.size());
+    // In memory, one piece: the rank's corpus. Each piece keeps its documents' gammas.
+    std::vector<RowMatrix> gammas(o.stream ? pieces.size() : 1);
+    std::vector<double> piece_terms;
     for (int it = 0;; ++it) {
       // Local step warm-started from the previous gammas: every sweep is a coordinate ascent
       // step, so the ELBO can only increase.
       stats.set_zero();
       const auto tl = std::chrono::steady_clock::now();
-      res.sweeps += model.local_step(corpus, docs, gamma, it > 0, &stats, terms, o.local);
+      if (!o.stream) {
+        const auto docs = iota(corpus.n_docs());
+        terms.resize(docs.size());
+        res.sweeps += model.local_step(corpus, docs, gammas[0], it > 0, &stats, terms, o.local);
+      } else {
+        terms.clear();
+        for (std::int64_t i = 0; i < piece_calls; ++i) {
+          const Corpus piece = read_piece(i);
+          if (i >= static_cast<std::int64_t>(pieces.size())) continue;
+          const auto docs = iota(piece.n_docs());
+          piece_terms.resize(docs.size());
+          res.sweeps += model.local_step(piece, docs, gammas[static_cast<std::size_t>(i)], it > 0,
+                                         &stats, piece_terms, o.local);
+          terms.insert(terms.end(), piece_terms.begin(), piece_terms.end());
+        }
+      }
       local_seconds += seconds_since(tl);
       const auto tr = std::chrono::steady_clock::now();
       comm.allreduce_sum(stats.buffer());

@@ -30,7 +30,8 @@ struct FitOptions {
   // SVI only: never hold the corpus. Minibatches are runs of the pass's permutation of
   // 256-document blocks, and each rank reads its part of each minibatch from the file.
   bool stream = false;
-  std::string out;  // model file ("" = none)
+  std::int64_t stream_piece_docs = 16 * 256;  // --stream CAVI: documents per read
+  std::string out;                            // model file ("" = none)
   std::string command, version;
 };
 

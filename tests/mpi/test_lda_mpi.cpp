@@ -100,7 +100,7 @@ std::vector<double> components(const std::string& file) {
   return r.read("/components");
 }
 
-void expect_same_fit(const std::string& algorithm, bool stream = false) {
+lda::FitOptions fit_options(const std::string& algorithm, bool stream) {
   lda::FitOptions o;
   o.data = corpus();
   o.topics = 6;
@@ -112,6 +112,12 @@ void expect_same_fit(const std::string& algorithm, bool stream = false) {
   o.seed = 9;
   o.heldout = tmp("heldout.h5");
   o.stream = stream;
+  o.stream_piece_docs = 100;  // several pieces per rank, and unequal counts over ranks
+  return o;
+}
+
+void expect_same_fit(const std::string& algorithm, bool stream = false) {
+  lda::FitOptions o = fit_options(algorithm, stream);
   const std::string name = algorithm + (stream ? "_stream" : "");
   o.out = tmp("fit_" + name + "_world.h5");
   const auto rw = lda::fit(world(), o, nullptr);
@@ -139,6 +145,28 @@ TEST(LdaMpi, SviIsRankInvariant) {
 }
 TEST(LdaMpi, StreamedSviIsRankInvariant) {
   expect_same_fit("svi", true);
+}
+
+TEST(LdaMpi, StreamedCaviIsRankInvariant) {
+  expect_same_fit("cavi", true);
+}
+
+// --stream CAVI reads the documents anew every iteration and keeps only the gammas: the fit is
+// the in-memory one, bit for bit.
+TEST(LdaMpi, StreamedCaviEqualsInMemory) {
+  lda::FitOptions o = fit_options("cavi", false);
+  o.out = tmp("cavi_memory.h5");
+  const auto a = lda::fit(world(), o, nullptr);
+  o.stream = true;
+  o.out = tmp("cavi_stream.h5");
+  const auto b = lda::fit(world(), o, nullptr);
+  EXPECT_EQ(a.trace, b.trace);
+  EXPECT_EQ(a.trace_perplexity, b.trace_perplexity);
+  EXPECT_EQ(a.sweeps, b.sweeps);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_GT(a.trace.size(), 5u);
+  if (world().is_root()) EXPECT_EQ(components(tmp("cavi_memory.h5")), components(o.out));
+  world().barrier();
 }
 
 TEST(LdaMpi, AllreduceOrIsTheUnion) {
