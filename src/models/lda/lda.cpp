@@ -284,7 +284,8 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
       double* norm = cnt + mp;
       double* ratio = norm + mp;
       double* ratio_log = ratio + mp;
-      ws.offsets.resize(static_cast<std::size_t>(m));
+      if (ws.offsets.size() < static_cast<std::size_t>(m))
+        ws.offsets.resize(static_cast<std::size_t>(m));
       std::int64_t* off = ws.offsets.data();
       for (std::int64_t j = 0; j < m; ++j) {
         off[j] = static_cast<std::int64_t>(c.words[j0 + j]) * K;
