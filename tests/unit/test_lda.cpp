@@ -281,6 +281,15 @@ TEST(Lda, FastMathMatchesLibm) {
   EXPECT_LT(e_log, 1e-15);
   EXPECT_LT(e_psi, 1e-14);
   EXPECT_LT(e_lg, 1e-13);
+  // exp(psi(x) - c) without the logarithm, against exp of the scalar digamma.
+  double e_ed = 0;
+  for (double lx = -2; lx <= 8; lx += 1e-3) {
+    const double x = std::pow(10.0, lx), c = 0.3 * lx;
+    const double want = std::exp(math::digamma(x) - c);
+    e_ed = std::max(e_ed, std::abs(fast::exp_digamma(x, c) - want) / want);
+  }
+  EXPECT_LT(e_ed, 1e-13);
+  EXPECT_EQ(fast::exp_digamma(1e-6, 0.0), 0.0);  // psi(1e-6) = -1e6: below exp's range
   EXPECT_EQ(fast::exp(-800), 0.0);
   EXPECT_EQ(fast::log(1.0), 0.0);
   // A vector loop computes exactly what a scalar call does, lane by lane.

@@ -87,7 +87,8 @@ inline double log(double x) {
 // slow part of a vector lane, so the ten reciprocals are summed as two fractions N/D of five
 // terms each (N/D + 1/a = (N a + D)/(D a)); above 1e50, where D would overflow, by 10/x + the
 // first correction.
-inline double digamma(double x) {
+// The parts of psi(x) = ln y - c(x) with y = x + 10, shared by digamma and exp_digamma.
+inline double digamma_rest(double x, double y) {
   // Written out (no inner loop), so that loops over digamma if-convert and vectorise.
   double n1 = 1.0, d1 = x, n2 = 1.0, d2 = x + 5.0;
   n1 = n1 * (x + 1.0) + d1, d1 *= x + 1.0, n2 = n2 * (x + 6.0) + d2, d2 *= x + 6.0;
@@ -95,14 +96,26 @@ inline double digamma(double x) {
   n1 = n1 * (x + 3.0) + d1, d1 *= x + 3.0, n2 = n2 * (x + 8.0) + d2, d2 *= x + 8.0;
   n1 = n1 * (x + 4.0) + d1, d1 *= x + 4.0, n2 = n2 * (x + 9.0) + d2, d2 *= x + 9.0;
   const double recip = x > 1e50 ? 10.0 / x : n1 / d1 + n2 / d2;
-  const double y = x + 10.0;
   const double r = 1.0 / y;
   const double f = r * r;
   const double series =
       f *
       (1.0 / 12 -
        f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f * (1.0 / 132 - f * (691.0 / 32760))))));
-  return fast::log(y) - 0.5 * r - series - recip;
+  return 0.5 * r + series + recip;
+}
+
+inline double digamma(double x) {
+  const double y = x + 10.0;
+  return fast::log(y) - digamma_rest(x, y);
+}
+
+// exp(psi(x) - c) = y exp(-(c(x) + c)) with psi(x) = ln y - c(x): the logarithm cancels, so the
+// document fixed point and the refresh of exp(E[ln beta]) need one exp and no log per value.
+// Relative error a few ulp (the exp's); 0 where the exponent is below -708.
+inline double exp_digamma(double x, double c) {
+  const double y = x + 10.0;
+  return y * fast::exp(-(digamma_rest(x, y) + c));
 }
 
 // ln Gamma(x) for x > 0: ln Gamma(x) = ln Gamma(x + 10) - ln(x (x + 1) ... (x + 9)), the product

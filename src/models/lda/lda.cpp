@@ -135,13 +135,13 @@ void Model::refresh_span(const double* lam, double* out, std::int64_t n_words) c
       const double* l = lam + w * k_;
       double* e = out + w * k_;
 #pragma omp simd
-      for (std::int64_t i = 0; i < group; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
+      for (std::int64_t i = 0; i < group; ++i) e[i] = fast::exp_digamma(l[i], ps[i]);
     }
     const std::int64_t rest = (w1 - w) * k_;
     const double* l = lam + w * k_;
     double* e = out + w * k_;
 #pragma omp simd
-    for (std::int64_t i = 0; i < rest; ++i) e[i] = fast::exp(fast::digamma(l[i]) - ps[i]);
+    for (std::int64_t i = 0; i < rest; ++i) e[i] = fast::exp_digamma(l[i], ps[i]);
   });
 }
 
@@ -302,14 +302,17 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         for (std::int64_t j = m; j < mp; ++j) dst[j] = 0;
       }
       // E[ln theta] and exp(E[ln theta]) at gamma gv (seed eq. 10, first term).
-      auto expect = [&](const double* gv) {
+      // E[ln theta] is needed only by the ELBO term (with_log); a sweep needs only
+      // exp(E[ln theta]), computed without a logarithm (fast::exp_digamma).
+      auto expect = [&](const double* gv, bool with_log) {
         double sum = 0;
         for (int k = 0; k < K; ++k) sum += gv[k];
         const double psi_sum = fast::digamma(sum);
 #pragma omp simd
-        for (int k = 0; k < K; ++k) {
-          el[k] = fast::digamma(gv[k]) - psi_sum;
-          et[k] = fast::exp(el[k]);
+        for (int k = 0; k < K; ++k) et[k] = fast::exp_digamma(gv[k], psi_sum);
+        if (with_log) {
+#pragma omp simd
+          for (int k = 0; k < K; ++k) el[k] = fast::digamma(gv[k]) - psi_sum;
         }
       };
       // norm_w = sum_k etheta_k b_wk and ratio_w = n_w / norm_w, for blocks of 4 x 8 words in
@@ -370,7 +373,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
       // absolute change of gamma below tol (the rule of scikit-learn) or after max_iter sweeps.
       auto iterate = [&](double* gv) {
         for (int it = 0; it < opt.max_iter; ++it) {
-          expect(gv);
+          expect(gv, false);
           normalise();
           accumulate();
           double change = 0;
@@ -388,7 +391,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
       //   + E[ln p(theta | alpha)] - E[ln q(theta | gamma)].
       // Leaves etheta and ratio = n_w / norm_w at gamma, for the statistics.
       auto evaluate = [&](const double* gv) {
-        expect(gv);
+        expect(gv, true);
         normalise();
         // Padding words have n_w = 0 and add nothing.
         for (std::int64_t j = 0; j < mp; ++j) ratio_log[j] = cnt[j] * fast::log(norm[j] + 1e-100);
