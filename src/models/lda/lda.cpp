@@ -156,15 +156,23 @@ void Model::refresh_words(const Corpus& c, std::span<const std::int64_t> docs) {
   // changes no result. The digammas of the K x V matrix dominate SVI otherwise. The words' rows
   // are gathered into one contiguous block, refreshed there, and scattered back.
   mark_.assign(static_cast<std::size_t>(v_), 0);
-  words_.clear();
+  std::int64_t entries = 0;
+  for (const auto d : docs) entries += c.indptr[d + 1] - c.indptr[d];
+  // One slot more than the distinct words can fill: a repeated word is written at position n
+  // (n <= min(entries, V)) and then overwritten.
+  words_.resize(static_cast<std::size_t>(std::min(entries, v_) + 1));
+  // Without a branch (whether a word was seen is unpredictable): write every word, advance the
+  // count only for new ones.
+  std::int64_t n = 0;
+  char* mark = mark_.data();
+  std::int64_t* list = words_.data();
   for (const auto d : docs)
     for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
       const auto w = c.words[j];
-      if (mark_[w]) continue;
-      mark_[w] = 1;
-      words_.push_back(w);
+      list[n] = w;
+      n += 1 - mark[w];
+      mark[w] = 1;
     }
-  const auto n = static_cast<std::int64_t>(words_.size());
   gather_.resize(static_cast<std::size_t>(2 * n * k_));
   double* lam = gather_.data();
   double* out = lam + n * k_;
