@@ -126,7 +126,7 @@ std::vector<std::int64_t> pass_order(std::int64_t n_docs, std::uint64_t seed, in
 // rank's documents of the minibatch (every other row is zero on every rank): the union of the
 // ranks' word sets (one bitwise-or allreduce of a V-bit map), then one allreduce of those rows,
 // packed. The sums are the same integers as a full reduction, so results are unchanged; a
-// minibatch of 256 Spam Assassin messages touches about a third of the vocabulary.
+// minibatch of 256 Spam Assassin messages touches about half of the vocabulary.
 class BatchReducer {
  public:
   BatchReducer(std::int64_t n_words, int n_topics)
