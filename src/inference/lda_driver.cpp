@@ -242,11 +242,11 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   // stream_piece_docs documents, read again every iteration; only the gammas (K per document)
   // stay in memory. A first reading pass validates them and counts the tokens, which set
   // the fixed-point scale exactly as in memory, so the fit is the in-memory one bit for bit.
-  std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
+  std::vector<std::pair<std::int64_t, std::int64_t>> cavi_pieces;
   std::int64_t piece_calls = 0;
   auto read_piece = [&](std::int64_t i) {
-    const auto [a, b] = i < static_cast<std::int64_t>(pieces.size())
-                            ? pieces[static_cast<std::size_t>(i)]
+    const auto [a, b] = i < static_cast<std::int64_t>(cavi_pieces.size())
+                            ? cavi_pieces[static_cast<std::size_t>(i)]
                             : std::pair<std::int64_t, std::int64_t>{0, 0};
     return io::read_corpus_range(comm, ref, indptr, info.n_words, a, b);
   };
@@ -254,9 +254,9 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     const auto [r0, r1] = io::document_range(indptr, comm.size(), comm.rank());
     if (o.stream_piece_docs < 1) throw Error("the stream piece size must be >= 1");
     for (std::int64_t a = r0; a < r1; a += o.stream_piece_docs)
-      pieces.emplace_back(a, std::min(r1, a + o.stream_piece_docs));
-    // Collective reads: every rank makes as many calls as the rank with the most pieces.
-    piece_calls = comm.allreduce_max(static_cast<std::int64_t>(pieces.size()));
+      cavi_pieces.emplace_back(a, std::min(r1, a + o.stream_piece_docs));
+    // Collective reads: every rank makes as many calls as the rank with the most cavi_pieces.
+    piece_calls = comm.allreduce_max(static_cast<std::int64_t>(cavi_pieces.size()));
     std::int64_t tokens = 0;
     for (std::int64_t i = 0; i < piece_calls; ++i)
       tokens += static_cast<std::int64_t>(read_piece(i).tokens());
@@ -294,7 +294,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
 
   if (o.algorithm == "cavi") {
     // In memory, one piece: the rank's corpus. Each piece keeps its documents' gammas.
-    std::vector<RowMatrix> gammas(o.stream ? pieces.size() : 1);
+    std::vector<RowMatrix> gammas(o.stream ? cavi_pieces.size() : 1);
     std::vector<double> piece_terms;
     for (int it = 0;; ++it) {
       // Local step warm-started from the previous gammas: every sweep is a coordinate ascent
@@ -309,7 +309,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
         terms.clear();
         for (std::int64_t i = 0; i < piece_calls; ++i) {
           const Corpus piece = read_piece(i);
-          if (i >= static_cast<std::int64_t>(pieces.size())) continue;
+          if (i >= static_cast<std::int64_t>(cavi_pieces.size())) continue;
           const auto docs = iota(piece.n_docs());
           piece_terms.resize(docs.size());
           res.sweeps += model.local_step(piece, docs, gammas[static_cast<std::size_t>(i)], it > 0,
