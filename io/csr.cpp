@@ -234,12 +234,11 @@ std::pair<std::int64_t, std::int64_t> balanced_blocks(const std::vector<std::int
                                                       int r) {
   std::vector<std::int64_t> cum(w.size() + 1, 0);
   for (std::size_t b = 0; b < w.size(); ++b) cum[b + 1] = cum[b] + w[b];
-  // Token totals are far below 2^63 / P, so these int64 products cannot overflow.
+  // Weights (entries, tokens) total far below 2^63 / P, so these int64 products cannot overflow.
   const std::int64_t total = cum.back();
   auto start = [&](int q) -> std::int64_t {
     if (q == 0) return 0;
     if (q == p) return static_cast<std::int64_t>(w.size());
-    std::int64_t b = 0;
     // The first b with cum[b] * p >= total * q (cum is non-decreasing).
     return static_cast<std::int64_t>(
         std::partition_point(cum.begin(), cum.end(),

@@ -165,7 +165,9 @@ TEST(LdaMpi, StreamedCaviEqualsInMemory) {
   EXPECT_EQ(a.sweeps, b.sweeps);
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_GT(a.trace.size(), 5u);
-  if (world().is_root()) EXPECT_EQ(components(tmp("cavi_memory.h5")), components(o.out));
+  if (world().is_root()) {
+    EXPECT_EQ(components(tmp("cavi_memory.h5")), components(o.out));
+  }
   world().barrier();
 }
 
