@@ -53,8 +53,9 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--heldout", o->heldout,
                   "Corpus FILE.h5[:/group]: report held-out perplexity after every iteration/pass");
   fit->add_flag("--stream", o->stream,
-                "SVI: keep no documents in memory; minibatches are runs of randomly ordered "
-                "256-document blocks read from the file");
+                "Keep no documents in memory. SVI: minibatches are runs of randomly ordered "
+                "256-document blocks read from the file; CAVI: each iteration reads the rank's "
+                "documents in pieces of 4096 (the fit equals the in-memory one)");
   fit->add_option("--out", o->out, "Model file to write (HDF5)");
   fit->callback([&ctx, o] {
     ctx.action = [&ctx, o] {
@@ -81,6 +82,10 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       j["words"] = r.words;
       j["tokens"] = r.tokens;
       j["doc_sweeps"] = r.sweeps;
+      j["local_seconds_max"] = r.local_seconds_max;
+      j["local_seconds_min"] = r.local_seconds_min;
+      j["reduce_seconds_max"] = r.reduce_seconds_max;
+      j["reduced_rows"] = r.reduced_rows;
       if (!r.trace_perplexity.empty()) j["perplexity"] = r.trace_perplexity.back();
       j["ranks"] = ctx.comm->size();
       j["threads"] = max_threads();

@@ -8,6 +8,7 @@
 // caviar writes int32 counts, int32 indices, variable-length UTF-8 vocab and shape = [D, V].
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -22,9 +23,11 @@ struct CorpusInfo {
 };
 
 // Collective: reads and validates the corpus in group ref.path of ref.file; this rank receives a
-// contiguous range of whole 256-document blocks, balanced by token count (a first read of /data
-// measures the tokens of each block). Any problem (negative or non-integer counts, indices out of
-// range, indptr not monotone, mismatched lengths) is one agreed caviar::Error on every rank.
+// contiguous range of documents balanced by entries (distinct words per document: the cost of
+// the E-step; a first read of /data, in 256-document blocks, validates the counts and totals the
+// tokens). Any problem (negative or
+// non-integer counts, indices out of range, indptr not monotone, mismatched lengths) is one agreed
+// caviar::Error on every rank.
 lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info = nullptr);
 
 // Collective: reads only the header (sizes), validated as above except the per-entry checks.
@@ -35,6 +38,10 @@ CorpusInfo inspect_corpus(const Comm& comm, const DataRef& ref);
 lda::Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
                               const std::vector<std::int64_t>& indptr_global, std::int64_t n_words,
                               std::int64_t doc_begin, std::int64_t doc_end);
+// The documents [begin, end) of rank r of p in read_corpus's split: contiguous, balanced by
+// entries (indptr[d] is the entries before document d).
+std::pair<std::int64_t, std::int64_t> document_range(const std::vector<std::int64_t>& indptr, int p,
+                                                     int r);
 // Collective: the whole /indptr on every rank (validated).
 std::vector<std::int64_t> read_indptr(const Comm& comm, const DataRef& ref, CorpusInfo* info);
 

@@ -151,6 +151,11 @@ std::int64_t Comm::allreduce_min(std::int64_t v) const {
   return v;
 }
 
+void Comm::allreduce_or(std::span<std::uint64_t> buf) const {
+  if (size_ == 1 || buf.empty()) return;
+  allreduce_chunks(buf, MPI_UINT64_T, MPI_BOR, unpack(handle_));
+}
+
 std::int64_t Comm::allreduce_max(std::int64_t v) const {
   if (size_ == 1) return v;
   allreduce_chunks(std::span<std::int64_t>(&v, 1), MPI_INT64_T, MPI_MAX, unpack(handle_));

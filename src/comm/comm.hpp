@@ -44,6 +44,8 @@ class Comm {
   void allreduce_sum(std::span<__int128> buf) const;
   double allreduce_max(double v) const;
   void allreduce_max(std::span<double> buf) const;  // element-wise, in place
+  // In-place element-wise bitwise or (e.g. the union of per-rank sets held as bitmaps).
+  void allreduce_or(std::span<std::uint64_t> buf) const;
   std::int64_t allreduce_min(std::int64_t v) const;
   std::int64_t allreduce_max(std::int64_t v) const;
   void broadcast(std::span<double> buf, int root) const;

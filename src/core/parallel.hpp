@@ -33,4 +33,24 @@ void parallel_blocks(std::int64_t n, std::int64_t block, int n_threads, Body&& b
   if (error) std::rethrow_exception(error);
 }
 
+// As parallel_blocks, but blocks go to whichever thread is free (schedule(dynamic)): for blocks of
+// very unequal cost, such as documents of different lengths. Which thread runs a block is then not
+// reproducible, so the body's results must not depend on it (e.g. integer sums, per-item outputs).
+template <class Body>
+void parallel_blocks_dynamic(std::int64_t n, std::int64_t block, int n_threads, Body&& body) {
+  const std::int64_t n_blocks = (n + block - 1) / block;
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+  for (std::int64_t b = 0; b < n_blocks; ++b) {
+    try {
+      body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace caviar

@@ -30,7 +30,8 @@ struct FitOptions {
   // SVI only: never hold the corpus. Minibatches are runs of the pass's permutation of
   // 256-document blocks, and each rank reads its part of each minibatch from the file.
   bool stream = false;
-  std::string out;  // model file ("" = none)
+  std::int64_t stream_piece_docs = 16 * 256;  // --stream CAVI: documents per read
+  std::string out;                            // model file ("" = none)
   std::string command, version;
 };
 
@@ -51,6 +52,11 @@ struct FitResult {
   double tokens = 0;
   std::vector<double> trace, trace_seconds, trace_perplexity;
   std::int64_t sweeps = 0;  // document fixed-point sweeps (all ranks)
+  // Where the time went (seconds of the fit, excluding held-out evaluation): the local steps,
+  // slowest and fastest rank; the statistics' reductions (with any wait for other ranks), slowest
+  // rank; and the share of the K x V rows an SVI reduction moved, averaged over minibatches.
+  double local_seconds_max = 0, local_seconds_min = 0, reduce_seconds_max = 0;
+  double reduced_rows = 1;
 };
 
 using Progress = std::function<void(const Report&)>;

@@ -61,7 +61,7 @@ TEST(LdaMpi, GeneratedCorpusIsIdenticalForAnyRankCount) {
   world().barrier();
 }
 
-TEST(LdaMpi, ShardsAreBalancedByTokens) {
+TEST(LdaMpi, ShardsAreBalancedByEntries) {
   io::CorpusInfo info;
   const lda::Corpus c = io::read_corpus(world(), io::DataRef::parse(corpus(), "/"), &info);
   EXPECT_EQ(info.n_docs, 1500);
@@ -76,7 +76,17 @@ TEST(LdaMpi, ShardsAreBalancedByTokens) {
     next = begins[r] + counts[r];
   }
   EXPECT_EQ(next, 1500);
-  // Every rank holds about T / P tokens: within one 256-document block (about 256 x 60 tokens).
+  // Every rank holds about E / P entries (the E-step's cost): within one document's entries.
+  const auto entries = world().allgather(c.nnz());
+  std::int64_t total_entries = 0, max_doc = 0;
+  for (auto e : entries) total_entries += e;
+  for (std::int64_t d = 0; d < c.n_docs(); ++d)
+    max_doc = std::max(max_doc, c.indptr[d + 1] - c.indptr[d]);
+  max_doc = world().allreduce_max(max_doc);
+  EXPECT_LE(
+      std::abs(static_cast<double>(c.nnz()) - static_cast<double>(total_entries) / world().size()),
+      static_cast<double>(max_doc));
+  // And so about T / P tokens on this corpus: within one 256-document block (256 x 60 tokens).
   const double mine = c.tokens();
   const auto all = world().allgather(mine);
   double total = 0;
@@ -90,7 +100,7 @@ std::vector<double> components(const std::string& file) {
   return r.read("/components");
 }
 
-void expect_same_fit(const std::string& algorithm, bool stream = false) {
+lda::FitOptions fit_options(const std::string& algorithm, bool stream) {
   lda::FitOptions o;
   o.data = corpus();
   o.topics = 6;
@@ -102,6 +112,12 @@ void expect_same_fit(const std::string& algorithm, bool stream = false) {
   o.seed = 9;
   o.heldout = tmp("heldout.h5");
   o.stream = stream;
+  o.stream_piece_docs = 100;  // several pieces per rank, and unequal counts over ranks
+  return o;
+}
+
+void expect_same_fit(const std::string& algorithm, bool stream = false) {
+  lda::FitOptions o = fit_options(algorithm, stream);
   const std::string name = algorithm + (stream ? "_stream" : "");
   o.out = tmp("fit_" + name + "_world.h5");
   const auto rw = lda::fit(world(), o, nullptr);
@@ -129,6 +145,40 @@ TEST(LdaMpi, SviIsRankInvariant) {
 }
 TEST(LdaMpi, StreamedSviIsRankInvariant) {
   expect_same_fit("svi", true);
+}
+
+TEST(LdaMpi, StreamedCaviIsRankInvariant) {
+  expect_same_fit("cavi", true);
+}
+
+// --stream CAVI reads the documents anew every iteration and keeps only the gammas: the fit is
+// the in-memory one, bit for bit.
+TEST(LdaMpi, StreamedCaviEqualsInMemory) {
+  lda::FitOptions o = fit_options("cavi", false);
+  o.out = tmp("cavi_memory.h5");
+  const auto a = lda::fit(world(), o, nullptr);
+  o.stream = true;
+  o.out = tmp("cavi_stream.h5");
+  const auto b = lda::fit(world(), o, nullptr);
+  EXPECT_EQ(a.trace, b.trace);
+  EXPECT_EQ(a.trace_perplexity, b.trace_perplexity);
+  EXPECT_EQ(a.sweeps, b.sweeps);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_GT(a.trace.size(), 5u);
+  if (world().is_root()) {
+    EXPECT_EQ(components(tmp("cavi_memory.h5")), components(o.out));
+  }
+  world().barrier();
+}
+
+TEST(LdaMpi, AllreduceOrIsTheUnion) {
+  std::vector<std::uint64_t> bits(3, 0);
+  bits[static_cast<std::size_t>(world().rank() % 3)] |= std::uint64_t{1} << world().rank();
+  world().allreduce_or(bits);
+  std::vector<std::uint64_t> want(3, 0);
+  for (int r = 0; r < world().size(); ++r)
+    want[static_cast<std::size_t>(r % 3)] |= std::uint64_t{1} << r;
+  EXPECT_EQ(bits, want);
 }
 
 TEST(LdaMpi, ExportImportRoundTrip) {

@@ -8,6 +8,8 @@
 
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
+#include "math/special.hpp"
+#include "models/lda/fast_math.hpp"
 #include "models/lda/lda.hpp"
 
 namespace caviar::lda {
@@ -199,20 +201,106 @@ TEST(Lda, DocumentCompletionSplitsTokensInHalf) {
 }
 
 TEST(Lda, ThreadsDoNotChangeStatistics) {
-  const auto s = make_corpus(3, 40, 120, 30, 0.2, 0.1, 6);
+  // Documents of very different lengths (documents are handed to threads dynamically), K not a
+  // multiple of the vector width.
+  auto s = make_corpus(3, 40, 120, 30, 0.2, 0.1, 6);
+  const auto longer = make_corpus(3, 40, 20, 900, 0.2, 0.1, 7);
+  for (std::int64_t d = 0; d < longer.corpus.n_docs(); ++d) {
+    const auto j0 = longer.corpus.indptr[d], j1 = longer.corpus.indptr[d + 1];
+    s.corpus.add_doc({longer.corpus.words.begin() + j0, longer.corpus.words.begin() + j1},
+                     {longer.corpus.counts.begin() + j0, longer.corpus.counts.begin() + j1});
+  }
   Model m(3, 40, 0.3, 0.3);
   m.init_random(1);
   std::vector<std::int64_t> docs(s.corpus.n_docs());
   std::iota(docs.begin(), docs.end(), 0);
-  std::vector<double> terms(docs.size());
+  std::vector<double> ta(docs.size()), tb(docs.size());
   Stats a(3, 40, fixed_point_scale(s.corpus.tokens())), b = a;
-  RowMatrix g;
+  RowMatrix ga, gb;
   omp_set_num_threads(1);
-  m.local_step(s.corpus, docs, g, false, &a, terms, {});
+  const auto sa = m.local_step(s.corpus, docs, ga, false, &a, ta, {});
   omp_set_num_threads(3);
-  m.local_step(s.corpus, docs, g, false, &b, terms, {});
+  const auto sb = m.local_step(s.corpus, docs, gb, false, &b, tb, {});
+  // Twice: the threads' buffers must be left clean for the next call.
+  b.set_zero();
+  m.local_step(s.corpus, docs, gb, false, &b, tb, {});
   omp_set_num_threads(1);
   EXPECT_TRUE(std::equal(a.buffer().begin(), a.buffer().end(), b.buffer().begin()));
+  EXPECT_EQ(ga, gb);
+  EXPECT_EQ(ta, tb);
+  EXPECT_EQ(sa, sb);
+}
+
+// Whole fits (CAVI with its global ELBO, and SVI steps, whose word loops are threaded too) are the
+// same bit for bit at 1 and 3 threads. V = 1100 words: more than two of the 512-word blocks.
+TEST(Lda, ThreadsDoNotChangeFits) {
+  const auto s = make_corpus(3, 1100, 150, 40, 0.2, 0.1, 12);
+  auto fit = [&](int threads) {
+    omp_set_num_threads(threads);
+    auto r = run_cavi(s.corpus, 3, 0.3, 0.3, 4, 2);
+    Model m(3, 1100, 0.3, 0.3);
+    m.init_random(5);
+    Stats st(3, 1100, fixed_point_scale(s.corpus.tokens()));
+    RowMatrix g;
+    for (int t = 0; t < 3; ++t) {
+      std::vector<std::int64_t> docs;
+      for (std::int64_t d = 50 * t; d < 50 * (t + 1); ++d) docs.push_back(d);
+      std::vector<double> terms(docs.size());
+      st.set_zero();
+      m.refresh_words(s.corpus, docs);
+      m.local_step(s.corpus, docs, g, false, &st, terms, {});
+      m.update_stochastic(st, std::pow(10.0 + t, -0.7), 3.0, false);
+    }
+    m.refresh();
+    omp_set_num_threads(1);
+    return std::tuple(r.elbo, r.model.lambda(), m.lambda(), m.global_elbo());
+  };
+  const auto a = fit(1), b = fit(3);
+  EXPECT_EQ(std::get<0>(a), std::get<0>(b));
+  EXPECT_EQ(std::get<1>(a), std::get<1>(b));
+  EXPECT_EQ(std::get<2>(a), std::get<2>(b));
+  EXPECT_EQ(std::get<3>(a), std::get<3>(b));
+}
+
+// The vectorised exp, log, digamma and lgamma of the kernels against libm and the scalar
+// math::digamma, over x from 1e-8 to 1e12 (and exp over its whole normal range).
+TEST(Lda, FastMathMatchesLibm) {
+  double e_exp = 0, e_log = 0, e_psi = 0, e_lg = 0;
+  for (double lx = -8; lx <= 12; lx += 1e-3) {
+    const double x = std::pow(10.0, lx);
+    e_log = std::max(
+        e_log, std::abs(fast::log(x) - std::log(x)) / std::max(1e-300, std::abs(std::log(x))));
+    const double psi = math::digamma(x);
+    e_psi = std::max(e_psi, std::abs(fast::digamma(x) - psi) / std::max(1.0, std::abs(psi)));
+    const double lg = std::lgamma(x);
+    e_lg = std::max(e_lg, std::abs(fast::lgamma(x) - lg) / std::max(1.0, std::abs(lg)));
+  }
+  for (double x = -708; x <= 709; x += 0.01)
+    e_exp = std::max(e_exp, std::abs(fast::exp(x) - std::exp(x)) / std::exp(x));
+  EXPECT_LT(e_exp, 1e-15);
+  EXPECT_LT(e_log, 1e-15);
+  EXPECT_LT(e_psi, 1e-14);
+  EXPECT_LT(e_lg, 1e-13);
+  // exp(psi(x) - c) without the logarithm, against exp of the scalar digamma.
+  double e_ed = 0;
+  for (double lx = -2; lx <= 8; lx += 1e-3) {
+    const double x = std::pow(10.0, lx), c = 0.3 * lx;
+    const double want = std::exp(math::digamma(x) - c);
+    e_ed = std::max(e_ed, std::abs(fast::exp_digamma(x, c) - want) / want);
+  }
+  EXPECT_LT(e_ed, 1e-13);
+  EXPECT_EQ(fast::exp_digamma(1e-6, 0.0), 0.0);  // psi(1e-6) = -1e6: below exp's range
+  EXPECT_EQ(fast::exp(-800), 0.0);
+  EXPECT_EQ(fast::log(1.0), 0.0);
+  // A vector loop computes exactly what a scalar call does, lane by lane.
+  std::vector<double> xs, vec(1000);
+  for (int i = 0; i < 1000; ++i) xs.push_back(1e-3 + 0.37 * i);
+  double* out = vec.data();
+  const double* in = xs.data();
+#pragma omp simd
+  for (int i = 0; i < 1000; ++i) out[i] = fast::exp(fast::digamma(in[i]) - 2.0);
+  double (*volatile scalar)(double) = [](double x) { return fast::exp(fast::digamma(x) - 2.0); };
+  for (int i = 0; i < 1000; ++i) EXPECT_EQ(vec[i], scalar(xs[i])) << xs[i];
 }
 
 TEST(Lda, GammaSamplerHasTheRightMean) {

@@ -35,8 +35,10 @@ struct LocalOptions {
 // leave headroom for the rounding of many terms below 2^63.
 double fixed_point_scale(double bound);
 
-// K x V expected topic-word counts sum_d sum_w n_dw phi_dwk (seed eq. 12 without eta), in int64
-// fixed point with a scale shared by every rank.
+// Expected topic-word counts sum_d sum_w n_dw phi_dwk (seed eq. 12 without eta), in int64 fixed
+// point with a scale shared by every rank. Stored word-major (V x K: a word's K topics are
+// contiguous), so a document adds into one short contiguous row per word, and a subset of words
+// is a set of rows (rows(): the packed reduction of SVI).
 class Stats {
  public:
   Stats(int n_topics, std::int64_t n_words, double scale);
@@ -48,8 +50,11 @@ class Stats {
   int n_topics() const { return k_; }
   std::int64_t n_words() const { return v_; }
   double value(int k, std::int64_t w) const {
-    return static_cast<double>(buf_[static_cast<std::size_t>(k * v_ + w)]) / scale_;
+    return static_cast<double>(buf_[static_cast<std::size_t>(w * k_ + k)]) / scale_;
   }
+  // The K counts of word w.
+  std::int64_t* row(std::int64_t w) { return buf_.data() + w * k_; }
+  const std::int64_t* row(std::int64_t w) const { return buf_.data() + w * k_; }
   Stats& operator+=(const Stats& o);
 
  private:
@@ -68,7 +73,7 @@ class Model {
   std::int64_t n_words() const { return v_; }
   double alpha() const { return alpha_; }
   double eta() const { return eta_; }
-  const RowMatrix& lambda() const { return lambda_; }  // K x V
+  RowMatrix lambda() const { return lambda_t_.transpose(); }  // K x V
 
   // lambda_kw ~ Gamma(100, 1/100), keyed by (seed, k V + w): the initialisation of Hoffman et al.
   // Also sets the seed of the documents' starting gammas.
@@ -121,15 +126,35 @@ class Model {
                                  std::span<double> doc_terms, const LocalOptions& opt,
                                  std::uint64_t seed) const;
   void refresh_row_sums();
+  void refresh_span(const double* lam, double* out, std::int64_t n_words) const;
+
+  // Per-thread scratch of local_step, kept between calls so that no document or minibatch
+  // allocates. Threads beyond the first also keep their own statistics and the words they touched
+  // (only those rows are added and cleared, so a minibatch costs its own words, not V).
+  // Cache-line aligned: each thread writes its own (a shared line would bounce between cores).
+  struct alignas(64) Workspace {
+    std::vector<double> vec, doc;       // aligned per-document buffers (carved in local_step)
+    std::vector<std::int64_t> offsets;  // row offsets of the document's words
+    std::vector<std::int64_t> stats;    // V x K, all zero between calls
+    std::vector<char> mark;             // V
+    std::vector<std::int64_t> touched;
+    std::int64_t sweeps = 0;
+  };
 
   int k_;
   std::int64_t v_;
   double alpha_, eta_;
   std::uint64_t doc_seed_ = 0;
-  RowMatrix lambda_;             // K x V
-  RowMatrix exp_elog_beta_t_;    // V x K: exp(psi(lambda_kw) - psi(sum_w lambda_kw))
-  Eigen::VectorXd psi_row_sum_;  // K: psi(sum_w lambda_kw)
-  std::vector<char> mark_;       // V: scratch of refresh_words
+  // Topics contiguous per word (V x K) everywhere: a document gathers K contiguous values per
+  // word, and the refresh of one word's exp(E[ln beta]) is a vector loop over K.
+  RowMatrix lambda_t_;                   // V x K
+  RowMatrix exp_elog_beta_t_;            // V x K: exp(psi(lambda_kw) - psi(sum_w lambda_kw))
+  Eigen::VectorXd psi_row_sum_;          // K: psi(sum_w lambda_kw)
+  std::vector<double> ps_tile_;          // 8 K: psi_row_sum_ repeated eight times (refresh_span)
+  std::vector<char> mark_;               // V: scratch of refresh_words
+  std::vector<std::int64_t> words_;      // scratch of refresh_words
+  std::vector<double> gather_;           // scratch of refresh_words
+  mutable std::vector<Workspace> work_;  // local_step's scratch: one local_step at a time
 };
 
 // Split of a count into the observed half of document completion: the number of even positions
