@@ -61,7 +61,8 @@ def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, 
     t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", r.stderr, re.M)]
     if len(t) != iters + 1:
         sys.exit(f"could not read caviar's per-iteration times:\n{r.stderr}")
-    return float(np.median(np.diff(t))), json.loads(r.stdout.strip().splitlines()[-1])["elbo"]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    return float(np.median(np.diff(t))), summary.get("elbo", summary.get("log_likelihood"))
 
 
 def sklearn_per_iter(x, k, iters, algorithm, covariance):
