@@ -18,6 +18,8 @@ Mode `exit-codes`: the exit code 75 (kExitPreempted) and the launcher paths.
     (1 s) before it sends SIGTERM to the ranks, and SIGKILL one timeout later, and exits with 1
     itself; the ranks must still checkpoint and the resume must match (a longer CAVI run).
   - SIGTERM to caviar run without mpirun (one process): exit code 75.
+  - --checkpoint-every 7 and 0.3s without a signal: same outputs, checkpoints where expected, and
+    a resume from the last one reproduces the reference.
 
 usage: test_checkpoint.py CAVIAR_BIN WORKDIR [trials [N] | exit-codes]
 """
@@ -242,6 +244,41 @@ def main():
             print("\n".join(lines), flush=True)
             if where is not None and plan[0][2] != "self":
                 stops.setdefault(alg, []).append(where)
+    if mode == "exit-codes":
+        # Periodic checkpoints without a signal: every 7 iterations, and every 0.3 s of rank 0's
+        # clock; the run's own outputs are unchanged, and resuming from the last checkpoint (after
+        # the run ended) gives the reference again.
+        for alg, every in (("cavi", "7"), ("cavi-long", "0.3s")):
+            tag = f"every_{alg}"
+            ck = p(f"{tag}_ck.h5")
+            problems = []
+            r = subprocess.run(fit_cmd(alg, tag, ["--checkpoint", ck, "--checkpoint-every", every]),
+                               capture_output=True, text=True, timeout=TIMEOUT)
+            if r.returncode != 0 or not os.path.exists(ck):
+                problems.append(f"exit {r.returncode}, checkpoint exists: {os.path.exists(ck)}")
+            else:
+                problems += compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
+                with h5py.File(ck, "r") as f:
+                    where = int(f.attrs["iteration"])
+                # 30 iterations: boundaries before iterations 7, 14, 21, 28 save.
+                if every == "7" and where != 28:
+                    problems.append(f"last checkpoint before iteration {where}, want 28")
+                if every.endswith("s") and not 0 < where <= 600:
+                    problems.append(f"timed checkpoint before iteration {where}")
+                os.remove(p(f"{tag}_model.h5"))
+                r = subprocess.run(fit_cmd(alg, tag, ["--resume", ck]), capture_output=True,
+                                   text=True, timeout=TIMEOUT)
+                if r.returncode != 0:
+                    problems.append(f"resume exited {r.returncode}: {r.stderr[-300:]}")
+                else:
+                    problems += compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
+            if problems:
+                failures += 1
+                print(f"FAIL --checkpoint-every {every} ({alg}): {'; '.join(problems[:6])}")
+            else:
+                print(f"ok   --checkpoint-every {every} ({alg}): last checkpoint before iteration "
+                      f"{where}; outputs and resumed outputs identical to the reference")
+
     # The trials must really have stopped at different points.
     for alg, s in stops.items():
         if len(s) >= 3 and len(set(s)) < 3:
