@@ -201,4 +201,12 @@ std::string signal_name(int sig) {
   return "signal " + std::to_string(sig);
 }
 
+void stop(int sig, const std::string& where, const std::string& checkpoint) {
+  throw Preempted("caviar: stopped by " + signal_name(sig) + " " + where + "; " +
+                  (checkpoint.empty() ? std::string("no --checkpoint given, nothing saved")
+                                      : "wrote checkpoint " + checkpoint +
+                                            " (continue with --resume " + checkpoint + ")") +
+                  "; exit code " + std::to_string(kExitPreempted));
+}
+
 }  // namespace caviar::ckpt

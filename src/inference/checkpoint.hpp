@@ -118,4 +118,8 @@ class StopPoller {
 
 std::string signal_name(int sig);  // "SIGTERM", "SIGUSR1", or "signal N"
 
+// Throws the Preempted of a stop at `where` ("before iteration 12"): one line naming the signal
+// and the checkpoint written (or that none was, without --checkpoint).
+[[noreturn]] void stop(int sig, const std::string& where, const std::string& checkpoint);
+
 }  // namespace caviar::ckpt

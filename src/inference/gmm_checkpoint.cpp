@@ -147,13 +147,7 @@ void Checkpointer::boundary(std::int64_t done, const std::string& where, W&& wri
     write_at();
     poller_.saved();
   }
-  if (d.signal == 0) return;
-  throw ckpt::Preempted("caviar: stopped by " + ckpt::signal_name(d.signal) + " " + where + "; " +
-                        (o_.checkpoint.empty()
-                             ? std::string("no --checkpoint given, nothing saved")
-                             : "wrote checkpoint " + o_.checkpoint + " (continue with --resume " +
-                                   o_.checkpoint + ")") +
-                        "; exit code " + std::to_string(kExitPreempted));
+  if (d.signal != 0) ckpt::stop(d.signal, where, o_.checkpoint);
 }
 
 void Checkpointer::iteration(int it, const Stats& stats, const FitResult& res, double elapsed) {

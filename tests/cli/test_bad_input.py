@@ -131,6 +131,8 @@ def main():
         ("resume: a model file", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--resume", p("model3d.h5"), "--out", out), "not a gmm checkpoint"),
         ("resume: a data file", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("good.h5"), "--out", out), "not a caviar checkpoint"),
         ("resume: missing checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("nope_ck.h5"), "--out", out), "nope_ck.h5: no such file"),
+        ("vae resume: a gmm checkpoint", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("ck.h5"), "--out", out], "it is a gmm checkpoint"),
+        ("vae resume: another data file", 2, [caviar, "vae", "train", "--data", p("other.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("vae_ck.h5"), "--out", out], "its data differ from this run's --data"),
         ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),
         ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),
         ("--checkpoint-every alone", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint-every", "5", "--out", out), "--checkpoint-every needs --checkpoint"),
