@@ -140,27 +140,31 @@ const std::vector<double>& Checkpointer::gbar() const {
   return resuming() ? state_->gbar : empty;
 }
 
-template <class W>
-void Checkpointer::boundary(std::int64_t done, const std::string& where, W&& write_at) {
+template <class Where, class W>
+void Checkpointer::boundary(std::int64_t done, Where&& where, W&& write_at) {
   const ckpt::StopPoller::Decision d = poller_.poll(done);
   if (d.save && !o_.checkpoint.empty()) {
     write_at();
     poller_.saved();
   }
-  if (d.signal != 0) ckpt::stop(d.signal, where, o_.checkpoint);
+  if (d.signal != 0) ckpt::stop(d.signal, where(), o_.checkpoint);
 }
 
 void Checkpointer::iteration(int it, const Stats& stats, const FitResult& res, double elapsed) {
-  boundary(it, "before iteration " + std::to_string(it),
-           [&] { write(it, nullptr, nullptr, stats, res, elapsed); });
+  boundary(
+      it, [&] { return "before iteration " + std::to_string(it); },
+      [&] { write(it, nullptr, nullptr, stats, res, elapsed); });
 }
 
 void Checkpointer::svi_step(const SviPosition& pos, const Stats* gbar, const Stats& s_eff,
                             const FitResult& res, double elapsed) {
-  boundary(pos.t,
-           "after step " + std::to_string(pos.t) + " (epoch " + std::to_string(pos.epoch + 1) +
-               ", step " + std::to_string(pos.step) + " of the epoch done)",
-           [&] { write(pos.epoch, &pos, gbar, s_eff, res, elapsed); });
+  boundary(
+      pos.t,
+      [&] {
+        return "after step " + std::to_string(pos.t) + " (epoch " + std::to_string(pos.epoch + 1) +
+               ", step " + std::to_string(pos.step) + " of the epoch done)";
+      },
+      [&] { write(pos.epoch, &pos, gbar, s_eff, res, elapsed); });
 }
 
 void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gbar,

@@ -81,8 +81,8 @@ class Checkpointer {
     double elapsed = 0;
   };
   // Polls; writes (via write_at) when due; throws Preempted on a signal.
-  template <class W>
-  void boundary(std::int64_t done, const std::string& where, W&& write_at);
+  template <class Where, class W>
+  void boundary(std::int64_t done, Where&& where, W&& write_at);
   void write(int iteration, const SviPosition* svi, const Stats* gbar, const Stats& stats,
              const FitResult& res, double elapsed) const;
 

@@ -16,9 +16,10 @@ Mode `exit-codes`: the exit code 75 (kExitPreempted) and the launcher paths.
     with 75, and the resumed run must match the reference (one trial per algorithm).
   - SIGTERM to mpirun only: Open MPI 4.1's mpirun then waits about 2 x odls_base_sigkill_timeout
     (1 s) before it sends SIGTERM to the ranks, and SIGKILL one timeout later, and exits with 1
-    itself; the ranks must still checkpoint and the resume must match (a longer CAVI run).
+    itself; the ranks must still checkpoint, and the resume (to 5 iterations past the stop) must
+    match a straight run of as many iterations (a CAVI run that lasts until the signal).
   - SIGTERM to caviar run without mpirun (one process): exit code 75.
-  - --checkpoint-every 7 and 0.3s without a signal: same outputs, checkpoints where expected, and
+  - --checkpoint-every 7 and 0.01s without a signal: same outputs, checkpoints where expected, and
     a resume from the last one reproduces the reference.
 
 Mode `vae`: the same for `caviar vae train` (Gaussian likelihood on the same data), six trials
@@ -121,17 +122,18 @@ def main():
 
     common = ["-k", str(k), "--seed", "5", "--tol", "0"]
     configs = {
-        "cavi": common + ["--algorithm", "cavi", "--max-iter", "30"],
+        "cavi": common + ["--algorithm", "cavi", "--max-iter", "60"],
         "svi": common + ["--algorithm", "svi", "--schedule", "adaptive", "--tau0", "20",
                          "--batch-size", "200", "--max-iter", "10"],
-        "em": common + ["--algorithm", "em", "--max-iter", "30"],
+        "em": common + ["--algorithm", "em", "--max-iter", "60"],
     }
     if mode == "vae":
         configs = {"vae": ["--likelihood", "gaussian", "--hidden", "32", "--latent", "2",
                            "--epochs", "8", "--batch-size", "50", "--seed", "5"]}
     if mode == "exit-codes":
-        # Long enough to outlast mpirun's ~2 s delay in passing SIGTERM on.
-        configs["cavi-long"] = common + ["--algorithm", "cavi", "--max-iter", "600"]
+        # Runs until the signal (mpirun passes SIGTERM on only after ~2 s, whatever the machine's
+        # speed); its reference is made afterwards, with --max-iter just past the stop.
+        configs["cavi-long"] = common + ["--algorithm", "cavi"]
 
     def fit_cmd(alg, tag, extra=(), ranks=RANKS):
         # Shared memory only: one node, and a faster start than probing the network transports.
@@ -158,43 +160,55 @@ def main():
 
     failures = 0
     refs = {}
-    for alg in sorted({a for a, _, how in plan if how != "self"} | {a for a, _, how in plan}):
+    for alg in sorted({a for a, _, _ in plan} - {"cavi-long"}):
         t0 = time.time()
         r = subprocess.run(fit_cmd(alg, f"ref_{alg}"), capture_output=True, text=True, timeout=TIMEOUT)
         if r.returncode != 0:
             print(f"FAIL: reference {alg} run failed:\n{r.stderr}")
             return 1
         lines = [l for l in r.stderr.splitlines() if l.startswith(("iter ", "epoch "))]
-        refs[alg] = (len(lines), summary(r.stdout))
+        refs[alg] = (len(lines), summary(r.stdout), time.time() - t0)
         print(f"reference {alg}: {len(lines)} progress lines, {time.time() - t0:.2f} s")
 
     # The random choices are drawn up front, so that they do not depend on the execution order.
-    afters = []
+    afters, delays = [], []
     for alg, _, _ in plan:
+        # Epoch lines (SVI, VAE) come about 0.1 s apart: wait a random part of an epoch after the
+        # line, so that the stop lands anywhere inside the next epoch, not only at its start.
+        slow = alg in ("svi", "vae")
+        delays.append(pick.uniform(0, 0.5 * refs[alg][2] / refs[alg][0]) if slow else 0.0)
         # After a random progress line, never the last several (the run could finish before the
         # signal lands: mpirun forwards output in bursts); mpirun alone delays SIGTERM by ~2 s,
         # so aim early in the long run.
-        margin = 8 if refs[alg][0] > 20 else 3  # iteration lines come fast, epoch lines slowly
-        afters.append(pick.randint(1, 20) if alg == "cavi-long" else pick.randint(1, refs[alg][0] - margin))
+        if alg == "cavi-long":
+            afters.append(pick.randint(1, 20))
+            continue
+        # Iteration lines come fast (1-10 ms apart, and mpirun forwards them in bursts), epoch
+        # lines slowly (about 0.1 s).
+        margin = 20 if refs[alg][0] > 20 else 4
+        afters.append(pick.randint(1, refs[alg][0] - margin))
 
     def run_trial(trial):
         """(failed, report lines, algorithm, stop point or None)."""
         alg, sig, how = plan[trial]
-        after = afters[trial]
+        after, delay = afters[trial], delays[trial]
         name = "SIGTERM" if sig == signal.SIGTERM else "SIGUSR1"
         tag = f"t{trial}"
         ck = p(f"{tag}_ck.h5")
         ranks = 0 if how == "self" else RANKS
-        proc = subprocess.Popen(fit_cmd(alg, tag, ["--checkpoint", ck], ranks), stdout=subprocess.PIPE,
+        long_run = ["--max-iter", "1000000"] if alg == "cavi-long" else []
+        proc = subprocess.Popen(fit_cmd(alg, tag, ["--checkpoint", ck] + long_run, ranks), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        seen, err_lines, sent = 0, [], False
+        seen, err_lines, sent, targets = 0, [], False, [proc.pid]
         deadline = time.time() + TIMEOUT
         for line in proc.stderr:
             err_lines.append(line.rstrip("\n"))
             if line.startswith(("iter ", "epoch ")):
                 seen += 1
+                if seen == 1 and how == "job":
+                    targets += rank_pids(proc.pid)  # found once, so that the signal is prompt
                 if seen == after and not sent:
-                    targets = [proc.pid] + (rank_pids(proc.pid) if how == "job" else [])
+                    time.sleep(delay)
                     for pid in targets:
                         os.kill(pid, sig)
                     sent = True
@@ -207,6 +221,8 @@ def main():
             proc.kill()
             return True, [f"FAIL trial {trial} ({alg}): hung after {name}"], alg, None
         problems = []
+        if how == "job" and len(targets) != 1 + RANKS:
+            problems.append(f"found {len(targets) - 1} rank processes under mpirun, want {RANKS}")
         # SIGTERM to mpirun: it kills the job and exits 1 itself, whatever the ranks returned;
         # SIGUSR1 to mpirun, or a signal straight to caviar: the exit code is caviar's, 75.
         want = None if (sig == signal.SIGTERM and how != "self") else 75
@@ -230,16 +246,26 @@ def main():
         if how == "self":
             return False, [f"ok   trial {trial} ({alg}, one process): {name} after progress line "
                            f"{after}, exit {proc.returncode}, checkpoint at {unit} {where}"], alg, None
-        r = subprocess.run(fit_cmd(alg, tag, ["--resume", ck, "--checkpoint", ck]),
+        ref_tag, ref_summary, until = f"ref_{alg}", refs.get(alg, (0, None))[1], []
+        if alg == "cavi-long":
+            # Stop 5 iterations after the checkpoint, and make the reference for exactly that.
+            until = ["--max-iter", str(where + 5)]
+            ref_tag = f"{tag}_ref"
+            r = subprocess.run(fit_cmd(alg, ref_tag, until), capture_output=True, text=True,
+                               timeout=TIMEOUT)
+            if r.returncode != 0:
+                return True, [f"FAIL trial {trial} ({alg}): reference exited {r.returncode}"], alg, where
+            ref_summary = summary(r.stdout)
+        r = subprocess.run(fit_cmd(alg, tag, ["--resume", ck, "--checkpoint", ck] + until),
                            capture_output=True, text=True, timeout=TIMEOUT)
         if r.returncode != 0:
             return True, [f"FAIL trial {trial} ({alg}): resume exited {r.returncode}:\n"
                           f"{r.stderr[-500:]}"], alg, where
-        diffs = compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
-        if os.path.exists(p(f"ref_{alg}_labels.h5")):
-            diffs += ["labels: " + x for x in compare_h5(p(f"ref_{alg}_labels.h5"), p(f"{tag}_labels.h5"))]
-        if summary(r.stdout) != refs[alg][1]:
-            diffs.append(f"JSON summary {summary(r.stdout)} != {refs[alg][1]}")
+        diffs = compare_h5(p(f"{ref_tag}_model.h5"), p(f"{tag}_model.h5"))
+        if os.path.exists(p(f"{ref_tag}_labels.h5")):
+            diffs += ["labels: " + x for x in compare_h5(p(f"{ref_tag}_labels.h5"), p(f"{tag}_labels.h5"))]
+        if summary(r.stdout) != ref_summary:
+            diffs.append(f"JSON summary {summary(r.stdout)} != {ref_summary}")
         for f in (ck, p(f"{tag}_model.h5"), p(f"{tag}_labels.h5")):
             if os.path.exists(f):
                 os.remove(f)
@@ -259,11 +285,11 @@ def main():
             if where is not None and plan[0][2] != "self":
                 stops.setdefault(alg, []).append(where)
     if mode == "exit-codes":
-        # Periodic checkpoints without a signal: every 7 iterations, and every 0.3 s of rank 0's
+        # Periodic checkpoints without a signal: every 7 iterations, and every 0.01 s of rank 0's
         # clock; the run's own outputs are unchanged, and resuming from the last checkpoint (after
         # the run ended) gives the reference again.
-        for alg, every in (("cavi", "7"), ("cavi-long", "0.3s")):
-            tag = f"every_{alg}"
+        for alg, every in (("cavi", "7"), ("cavi", "0.01s")):
+            tag = "every_" + every.replace(".", "_")
             ck = p(f"{tag}_ck.h5")
             problems = []
             r = subprocess.run(fit_cmd(alg, tag, ["--checkpoint", ck, "--checkpoint-every", every]),
@@ -274,10 +300,10 @@ def main():
                 problems += compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
                 with h5py.File(ck, "r") as f:
                     where = int(f.attrs["iteration"])
-                # 30 iterations: boundaries before iterations 7, 14, 21, 28 save.
-                if every == "7" and where != 28:
-                    problems.append(f"last checkpoint before iteration {where}, want 28")
-                if every.endswith("s") and not 0 < where <= 600:
+                # 60 iterations: boundaries before iterations 7, 14, ..., 56 save.
+                if every == "7" and where != 56:
+                    problems.append(f"last checkpoint before iteration {where}, want 56")
+                if every.endswith("s") and not 0 < where <= 60:
                     problems.append(f"timed checkpoint before iteration {where}")
                 os.remove(p(f"{tag}_model.h5"))
                 r = subprocess.run(fit_cmd(alg, tag, ["--resume", ck]), capture_output=True,
