@@ -104,7 +104,8 @@ class StopPoller {
     int signal = 0;     // SIGTERM / SIGUSR1 received on some rank: checkpoint and stop
     bool save = false;  // write a checkpoint (always true when signal != 0)
   };
-  // done: iterations (or steps) completed so far; `resumed_at` boundaries never save by count.
+  // done: iterations (or steps) completed so far; the boundary given to skip_count_at (the one a
+  // run resumed at) never saves by count.
   Decision poll(std::int64_t done);
   void saved();  // restart the clock of --checkpoint-every Ts
   void skip_count_at(std::int64_t done) { skip_ = done; }
