@@ -145,9 +145,12 @@ while :; do
   exit_code=$(job_field ExitCode "$info")
   restarts=$(job_field Restarts "$info")
   # SLURM holds a requeued job until a BeginTime some minutes ahead (about 170 s here); make it
-  # eligible at once so that the test stays short. The requeue itself is the job script's.
+  # eligible sooner so that the test stays short. The requeue itself is the job script's. Only
+  # once the node is idle again, and a few seconds later: a job started while slurmd is still
+  # cleaning up its previous run fails ("Job credential revoked").
   if [[ $state == PENDING && ${restarts:-0} -ge 1 && $(job_field Reason "$info") == BeginTime &&
-    -z ${released:-} ]]; then
+    -z ${released:-} ]] && sinfo -h -N -o '%T' | grep -qx idle; then
+    sleep 5
     log "job $job_id requeued (restart $restarts), held for BeginTime; scontrol update StartTime=now"
     scontrol update JobId="$job_id" StartTime=now || fail "scontrol update StartTime=now failed"
     released=1
