@@ -5,6 +5,8 @@
 
 #include "app.hpp"
 #include "core/error.hpp"
+#include "core/signals.hpp"
+#include "inference/checkpoint.hpp"
 
 namespace caviar::app {
 
@@ -45,6 +47,10 @@ int main(int argc, char** argv) {
   }
   try {
     ctx.action();
+  } catch (const ckpt::Preempted& e) {
+    // A stop signal, agreed on every rank at an iteration boundary (checkpoint written).
+    if (comm.is_root()) std::fprintf(stderr, "%s\n", e.what());
+    return kExitPreempted;
   } catch (const Error& e) {
     // Agreed errors: every rank throws the same one; rank 0 speaks for all.
     if (comm.is_root()) std::fprintf(stderr, "caviar: error: %s\n", e.what());

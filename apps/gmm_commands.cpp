@@ -83,6 +83,18 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--labels", o->labels, "Per-row labels file to write (HDF5, /labels)");
   fit->add_flag("--save-responsibilities", o->save_responsibilities,
                 "Also write /responsibilities (N x K) to the labels file");
+  fit->add_option("--checkpoint", o->checkpoint,
+                  "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
+                  "SIGTERM/SIGUSR1");
+  fit->add_option("--checkpoint-every", o->checkpoint_every,
+                  "N (CAVI/EM iterations, SVI steps) or Ts (seconds, e.g. 30s) between "
+                  "checkpoints [default: only on a signal]");
+  fit->add_option("--resume", o->resume,
+                  "Continue from this checkpoint (same data and options; the result is bitwise "
+                  "that of an uninterrupted run on the same ranks and threads)");
+  fit->footer(
+      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
+      "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
   fit->callback([&ctx, o, cov, algorithm, weights, schedule] {
     ctx.action = [&ctx, o, cov, algorithm, weights, schedule] {
       o->covariance = gmm::parse_covariance(*cov);

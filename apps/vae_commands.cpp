@@ -81,6 +81,9 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
   train->add_option("--out", o->out, "Model file to write (HDF5)");
   train->add_option("--checkpoint", o->checkpoint, "Checkpoint file written at every epoch end");
   train->add_option("--resume", o->resume, "Continue from this checkpoint");
+  train->footer(
+      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
+      "at a step boundary, after writing --checkpoint if given (resume with --resume).");
   train->callback([&ctx, o, hidden] {
     ctx.action = [&ctx, o, hidden] {
       o->hidden = parse_widths(*hidden);

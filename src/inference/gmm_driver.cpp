@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "inference/gmm_checkpoint.hpp"
 #include "inference/init.hpp"
 #include "inference/minibatch.hpp"
 #include "inference/shard.hpp"
@@ -584,6 +585,16 @@ class StepSize {
     return rho;
   }
 
+  // Schedule state, for checkpoints (gmm_checkpoint.hpp).
+  double tau() const { return tau_; }
+  double hbar() const { return hbar_; }
+  const Stats& gbar() const { return gbar_; }
+  void restore(double tau, double hbar, const std::vector<double>& gbar) {
+    tau_ = tau;
+    hbar_ = hbar;
+    if (!gbar.empty()) std::copy(gbar.begin(), gbar.end(), gbar_.buffer().begin());
+  }
+
  private:
   const FitOptions& o_;
   const Model& model_;
@@ -628,6 +639,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
+  Checkpointer ck(comm, o, inputs);  // checkpoint/resume and stop signals: gmm_checkpoint.hpp
 
   const Source src(comm, ref, o.stream, o.chunk_rows);
   const std::int64_t n = src.shape().rows;
@@ -639,14 +651,20 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   const Estimator est =
       o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
   Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
+  ck.open(ref, src.shape(), model, init);
 
   // lambda_0: the M-step from the initial responsibilities.
-  Stats stats = initial_stats(comm, o, init, src, model, mom);
+  Stats stats = ck.resuming() ? ck.stats(model) : initial_stats(comm, o, init, src, model, mom);
+  // A checkpoint holds the summed values only: passes after a resume sum exactly again.
+  if (!o.fast_reduce && !stats.exact())
+    stats.make_exact(model.exact_exponents(static_cast<double>(n), mom.max_abs));
   comm.agree([&] { model.update(stats); });
 
   FitResult res;
   res.algorithm = o.algorithm;
   res.n = n;
+  ck.restore(res);
+  if (ck.resuming()) paused = seconds_since(t0) - ck.elapsed();  // elapsed() continues
   RowMatrix resp;
   RowMatrix* resp_out = o.labels.empty() ? nullptr : &resp;
   auto rel_change = [](double now, double before) {
@@ -655,7 +673,8 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
 
   if (o.algorithm != Algorithm::kSvi) {
     // CAVI (Bishop 10.2) or EM (Bishop 9.2): E-step over all rows, one allreduce, M-step.
-    for (int it = 0;; ++it) {
+    for (int it = ck.first_iteration();; ++it) {
+      ck.iteration(it, stats, res, elapsed());  // may checkpoint, or stop on a signal
       full_pass(comm, src, model, stats, resp_out);
       const double obj = model.objective(stats);
       const double rel = res.trace.empty() ? std::numeric_limits<double>::quiet_NaN()
@@ -719,7 +738,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
         grad.buffer()[i] = batch.buffer()[i] - s_eff.buffer()[i];
     };
     StepSize schedule(o, model);
-    if (o.schedule == Schedule::kAdaptive) {
+    if (o.schedule == Schedule::kAdaptive && !ck.resuming()) {
       // Monte Carlo initialisation from min(tau0, one epoch) minibatches of a separate draw.
       const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), steps_per_epoch);
       const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed, 0xFFFFFFFFu);
@@ -731,14 +750,20 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       }
       schedule.init_adaptive(gs);
     }
-    int decreases = 0;
-    std::int64_t t = 0;
+    const SviPosition at = ck.svi_position();  // where a resumed run continues (zeros if fresh)
+    if (ck.resuming()) schedule.restore(at.tau, at.hbar, ck.gbar());
+    int decreases = at.decreases;
+    std::int64_t t = at.t;
     res.stop_reason = "max-iter";
-    for (int epoch = 0; epoch < o.max_iter; ++epoch) {
+    for (int epoch = at.epoch; epoch < o.max_iter; ++epoch) {
       const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed,
                                   static_cast<std::uint32_t>(epoch));
-      double sum = 0, rho = 0;
-      for (std::int64_t step = 0; step < steps_per_epoch; ++step) {
+      const bool resumed = ck.resuming() && epoch == at.epoch;
+      double sum = resumed ? at.epoch_sum : 0, rho = resumed ? at.rho : 0;
+      for (std::int64_t step = resumed ? at.step : 0; step < steps_per_epoch; ++step) {
+        ck.svi_step({epoch, step, t, decreases, sum, rho, schedule.tau(), schedule.hbar()},
+                    o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
+                    elapsed());
         minibatch(perm, step);
         const double elbo_t = model.elbo(batch);  // eq. 2.52 at the current lambda
         if (!std::isfinite(elbo_t))

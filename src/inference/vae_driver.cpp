@@ -13,6 +13,8 @@
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
+#include "core/signals.hpp"
+#include "inference/checkpoint.hpp"
 #include "io/h5.hpp"
 
 namespace caviar::vae {
@@ -149,9 +151,27 @@ double evaluate_elbo(const Comm& comm, const Layout& layout, const float* params
 struct Checkpoint {
   ParamVec params, m, v;
   std::int64_t step = 0;
-  int epoch = 0;
+  int epoch = 0;  // epochs completed
+  // A checkpoint taken on a stop signal inside epoch `epoch + 1`: the steps of it already done
+  // and the sum of their minibatch ELBOs (0 and 0 at an epoch end).
+  std::int64_t step_in_epoch = 0;
+  double epoch_elbo = 0;
   std::vector<double> train_trace, test_trace;
 };
+
+// What a resume must share with the run that wrote the checkpoint (inference/checkpoint.hpp):
+// the data (shape and sampled-rows identity) and the options that change the sequence of
+// minibatches and noise. The architecture is checked separately (read_checkpoint).
+ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io::DataRef& ref,
+                              const io::MatrixShape& shape) {
+  ckpt::Fingerprint fp("vae");
+  ckpt::add_data(fp, comm, "--data", ref, shape);
+  fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
+  fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
+  fp.add("samples", static_cast<std::int64_t>(o.samples), "--samples");
+  fp.add("micro_blocks", static_cast<std::int64_t>(o.micro_blocks), "--micro-blocks");
+  return fp;
+}
 
 std::vector<double> to_double(const ParamVec& v) {
   return {v.begin(), v.end()};
@@ -181,12 +201,16 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
 }
 
 void write_checkpoint(const Comm& comm, const std::string& path, const TrainOptions& o,
-                      const Architecture& a, const ParamVec& params, Adam& adam, int epoch,
-                      const std::vector<double>& train_trace,
-                      const std::vector<double>& test_trace) {
+                      const ckpt::Fingerprint& fp, const Architecture& a, const ParamVec& params,
+                      Adam& adam, int epoch, const std::vector<double>& train_trace,
+                      const std::vector<double>& test_trace, std::int64_t step_in_epoch = 0,
+                      double epoch_elbo = 0) {
   comm.on_root([&] {
     io::FileWriter w(path);
     write_architecture(w, a);
+    fp.write(w);
+    w.attr("step_in_epoch", step_in_epoch);
+    w.attr("epoch_elbo", epoch_elbo);
     const std::uint64_t n = params.size();
     w.write("params", to_double(params), {n});  // float32 values, exactly representable
     w.write("adam/m", to_double(adam.m()), {n});
@@ -204,11 +228,12 @@ void write_checkpoint(const Comm& comm, const std::string& path, const TrainOpti
   });
 }
 
-Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const TrainOptions& o,
+Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const ckpt::Fingerprint& fp,
                            const Layout& layout) {
   Checkpoint c;
   comm.agree([&] {
     io::FileReader r(path);
+    fp.check(r, path);  // model type, data and options: one clear line on a mismatch
     if (!r.has("/params") || !r.has("/adam/m"))
       throw Error("'" + path + "' is not a caviar VAE checkpoint (no /params, /adam)");
     const Architecture a = read_architecture(r, path);
@@ -217,15 +242,6 @@ Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const Trai
         a.likelihood != want.likelihood)
       throw Error("--resume " + path + ": its architecture differs from this run's " +
                   "(--hidden, --latent, --likelihood or the data's columns)");
-    auto same = [&](const char* name, std::int64_t v, const char* flag) {
-      if (static_cast<std::int64_t>(r.read_double_attr(name)) != v)
-        throw Error("--resume " + path + ": it was trained with a different " + flag +
-                    "; resuming identically needs the same one");
-    };
-    same("seed", static_cast<std::int64_t>(o.seed), "--seed");
-    same("batch_size", o.batch_size, "--batch-size");
-    same("samples", o.samples, "--samples");
-    same("micro_blocks", o.micro_blocks, "--micro-blocks");
     c.params = to_float(r.read("/params"));
     c.m = to_float(r.read("/adam/m"));
     c.v = to_float(r.read("/adam/v"));
@@ -236,6 +252,8 @@ Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const Trai
     c.test_trace = r.read("/trace/test_elbo");
     c.step = static_cast<std::int64_t>(r.read_double_attr("step"));
     c.epoch = static_cast<int>(r.read_double_attr("epoch"));
+    c.step_in_epoch = static_cast<std::int64_t>(r.read_double_attr("step_in_epoch"));
+    c.epoch_elbo = r.read_double_attr("epoch_elbo");
   });
   return c;
 }
@@ -312,6 +330,9 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   if (!o.resume.empty()) inputs.push_back(o.resume);
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.checkpoint.empty()) io::check_output_path(comm, o.checkpoint, {inputs[0]});
+  ckpt::check_resume(comm, o.resume);
+  const StopSignals signals;  // SIGTERM/SIGUSR1 only set a flag; polled at every step
+  ckpt::StopPoller poller(comm, {});
 
   const io::DataRef ref = io::DataRef::parse(o.data);
   const io::MatrixShape shape = io::inspect_matrix(comm, ref);
@@ -321,6 +342,9 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   std::optional<FloatShard> test;
   if (!o.test.empty()) test = load_float_shard(comm, o.test, lik, layout.input_dim());
 
+  std::optional<ckpt::Fingerprint> fp;
+  if (!o.checkpoint.empty() || !o.resume.empty()) fp = fingerprint(comm, o, ref, shape);
+
   const std::int64_t np = layout.n_params, n = shape.rows, b_size = o.batch_size;
   AdamConfig cfg;
   cfg.lr = o.lr;
@@ -329,8 +353,12 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   ParamVec params;
   TrainResult res;
   int first_epoch = 1;
+  std::int64_t first_step = 0;  // inside first_epoch (a checkpoint taken on a signal)
+  double first_elbo = 0;
   if (!o.resume.empty()) {
-    Checkpoint c = read_checkpoint(comm, o.resume, o, layout);
+    Checkpoint c = read_checkpoint(comm, o.resume, *fp, layout);
+    first_step = c.step_in_epoch;
+    first_elbo = c.epoch_elbo;
     params = std::move(c.params);
     adam.m() = std::move(c.m);
     adam.v() = std::move(c.v);
@@ -370,8 +398,16 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
     const auto t_epoch = Clock::now();
     const std::vector<std::int64_t> perm = epoch_permutation(n, o.seed, epoch);
-    double epoch_elbo = 0;
-    for (std::int64_t st = 0; st < steps_per_epoch; ++st) {
+    double epoch_elbo = epoch == first_epoch ? first_elbo : 0;
+    for (std::int64_t st = epoch == first_epoch ? first_step : 0; st < steps_per_epoch; ++st) {
+      // Stop signals: agreed at every step (one small allreduce); a mid-epoch checkpoint.
+      if (const int sig = poller.poll(adam.steps()).signal) {
+        if (!o.checkpoint.empty())
+          write_checkpoint(comm, o.checkpoint, o, *fp, layout.arch, params, adam, epoch - 1,
+                           res.train_trace, res.test_trace, st, epoch_elbo);
+        ckpt::stop(sig, "at epoch " + std::to_string(epoch) + ", step " + std::to_string(st),
+                   o.checkpoint);
+      }
       const std::int64_t b0 = st * b_size, bn = std::min(b_size, n - b0);
       const std::int64_t n_blocks = (bn + m_rows - 1) / m_rows;
       const std::int64_t lb0 = n_blocks * comm.rank() / comm.size();
@@ -473,8 +509,8 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
     res.epochs = epoch;
     res.steps = adam.steps();
     if (!o.checkpoint.empty())
-      write_checkpoint(comm, o.checkpoint, o, layout.arch, params, adam, epoch, res.train_trace,
-                       res.test_trace);
+      write_checkpoint(comm, o.checkpoint, o, *fp, layout.arch, params, adam, epoch,
+                       res.train_trace, res.test_trace);
     rep.seconds = seconds_since(t_epoch);
     rep.rows_per_second = static_cast<double>(n) / train_seconds;
     if (progress) progress(rep);

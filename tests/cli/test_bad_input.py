@@ -72,6 +72,24 @@ def main():
     if r.returncode != 0:
         print(f"FAIL: could not fit the 3-D model the mismatch case needs:\n{r.stderr}")
         return 1
+    # Checkpoints for the --resume cases: a gmm one of the 2-D data (K = 2), one of the 3-D data,
+    # and a VAE one; and other 2-D data of the same shape.
+    with h5py.File(p("other.h5"), "w") as f:
+        f["X"] = rng.normal(size=(600, 2))
+    setup = [
+        [caviar, "-q", "gmm", "fit", "--data", p("good.h5"), "-k", "2", "--max-iter", "3",
+         "--checkpoint", p("ck.h5"), "--checkpoint-every", "1"],
+        [caviar, "-q", "gmm", "fit", "--data", p("good3d.h5"), "-k", "2", "--max-iter", "3",
+         "--checkpoint", p("ck3d.h5"), "--checkpoint-every", "1"],
+        [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
+         "--hidden", "4", "--latent", "1", "--epochs", "1", "--batch-size", "100",
+         "--checkpoint", p("vae_ck.h5")],
+    ]
+    for argv in setup:
+        r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
+        if r.returncode != 0:
+            print(f"FAIL: setup {' '.join(argv[1:4])} failed:\n{r.stderr}")
+            return 1
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -104,6 +122,20 @@ def main():
         ("unwritable output", 2, fit(p("good.h5") + ":/X", "-k", "2", "--out", p("no/such/dir/m.h5")), "cannot write output"),
         ("output is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--out", p("good.h5")), "same file as input"),
         ("existing output kept on error", 2, fit(p("nan.h5") + ":/X", "-k", "2", "--out", existing), "non-finite"),
+        ("resume: a VAE checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("vae_ck.h5"), "--out", out), "it is a vae checkpoint"),
+        ("resume: another dimension", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck3d.h5"), "--out", out), "data dimension D = 3, this run has data dimension D = 2"),
+        ("resume: another K", 2, fit(p("good.h5") + ":/X", "-k", "3", "--resume", p("ck.h5"), "--out", out), "--components 2, this run has --components 3"),
+        ("resume: another data file", 2, fit(p("other.h5") + ":/X", "-k", "2", "--resume", p("ck.h5"), "--out", out), "its data differ from this run's --data"),
+        ("resume: another algorithm", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--resume", p("ck.h5"), "--out", out), "--algorithm cavi, this run has --algorithm em"),
+        ("resume: another seed", 2, fit(p("good.h5") + ":/X", "-k", "2", "--seed", "9", "--resume", p("ck.h5"), "--out", out), "--seed 0, this run has --seed 9"),
+        ("resume: a model file", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--resume", p("model3d.h5"), "--out", out), "not a gmm checkpoint"),
+        ("resume: a data file", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("good.h5"), "--out", out), "not a caviar checkpoint"),
+        ("resume: missing checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("nope_ck.h5"), "--out", out), "nope_ck.h5: no such file"),
+        ("vae resume: a gmm checkpoint", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("ck.h5"), "--out", out], "it is a gmm checkpoint"),
+        ("vae resume: another data file", 2, [caviar, "vae", "train", "--data", p("other.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("vae_ck.h5"), "--out", out], "its data differ from this run's --data"),
+        ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),
+        ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),
+        ("--checkpoint-every alone", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint-every", "5", "--out", out), "--checkpoint-every needs --checkpoint"),
         ("bad init file", 2, fit(p("good.h5") + ":/X", "-k", "3", "--init", p("good.h5") + ":/X", "--out", out), "expected 600 x 3"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None

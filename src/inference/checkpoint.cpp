@@ -1,0 +1,212 @@
+#include "inference/checkpoint.hpp"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+#include "core/signals.hpp"
+
+namespace caviar::ckpt {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// FNV-1a, 64 bit: tiny, portable, and byte-order explicit (we feed it little-endian words).
+struct Fnv1a {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  void byte(unsigned char b) {
+    h ^= b;
+    h *= 0x100000001b3ull;
+  }
+  void word(std::uint64_t w) {
+    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(w >> (8 * i)));
+  }
+};
+}  // namespace
+
+Every parse_every(const std::string& s) {
+  Every e;
+  if (s.empty()) return e;
+  const bool timed = s.back() == 's';
+  const std::string num = timed ? s.substr(0, s.size() - 1) : s;
+  const auto bad = [&] {
+    return Error(
+        "--checkpoint-every must be a positive number of iterations (e.g. 10) or of "
+        "seconds (e.g. 30s), got '" +
+        s + "'");
+  };
+  if (num.empty()) throw bad();
+  std::size_t used = 0;
+  try {
+    if (timed) {
+      e.seconds = std::stod(num, &used);
+      if (!(e.seconds > 0) || e.seconds > 1e9) throw bad();
+    } else {
+      e.iterations = std::stoll(num, &used);
+      if (e.iterations < 1) throw bad();
+    }
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  if (used != num.size()) throw bad();
+  return e;
+}
+
+void Fingerprint::add(const std::string& key, const std::string& value, const std::string& flag,
+                      const std::string& why) {
+  entries_.push_back({key, value, flag, why});
+}
+void Fingerprint::add(const std::string& key, std::int64_t value, const std::string& flag) {
+  add(key, std::to_string(value), flag);
+}
+void Fingerprint::add(const std::string& key, double value, const std::string& flag) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  add(key, std::string(buf), flag);
+}
+
+void Fingerprint::write(io::FileWriter& w) const {
+  nlohmann::ordered_json j;
+  for (const Entry& e : entries_) j[e.key] = e.value;
+  w.attr("model", model_);
+  w.attr("checkpoint", static_cast<std::int64_t>(1));
+  w.attr("fingerprint", j.dump());
+}
+
+void Fingerprint::check(const io::FileReader& r, const std::string& file) const {
+  const std::string where = "--resume " + file + ": ";
+  // Model files and the VAE's checkpoints carry "model" too; only checkpoints carry
+  // "fingerprint".
+  std::string model;
+  try {
+    model = r.read_string_attr("model");
+  } catch (const Error&) {
+    throw Error(where + "not a caviar checkpoint (no 'model' attribute)");
+  }
+  if (model != model_)
+    throw Error(where + "it is a " + model + " checkpoint or model, not a " + model_ +
+                " checkpoint");
+  std::string text;
+  try {
+    text = r.read_string_attr("fingerprint");
+  } catch (const Error&) {
+    throw Error(where + "it is a " + model + " model file or an older checkpoint, not a " + model_ +
+                " checkpoint (no fingerprint)");
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    throw Error(where + "its fingerprint is corrupt");
+  }
+  for (const Entry& e : entries_) {
+    if (!j.contains(e.key) || !j[e.key].is_string())
+      throw Error(where + "its fingerprint lacks '" + e.key + "' (written by another version?)");
+    const std::string was = j[e.key].get<std::string>();
+    if (was != e.value && !e.why.empty())
+      throw Error(where + e.why + ": " + was + " there, " + e.value + " here");
+    if (was != e.value)
+      throw Error(where + "it was written with " + e.flag + " " + was + ", this run has " + e.flag +
+                  " " + e.value + "; a resume needs the same one");
+  }
+}
+
+std::string data_identity(const Comm& comm, const io::DataRef& ref, const io::MatrixShape& shape) {
+  constexpr std::int64_t kWindows = 8, kRows = 8;
+  Fnv1a h;
+  h.word(static_cast<std::uint64_t>(shape.rows));
+  h.word(static_cast<std::uint64_t>(shape.cols));
+  const std::int64_t span = std::max<std::int64_t>(0, shape.rows - kRows);
+  std::int64_t prev_end = 0;
+  for (std::int64_t w = 0; w < kWindows; ++w) {
+    // Window starts at 0, span/7, ..., span; windows of a small file overlap or coincide, so
+    // clip each to the rows after the previous one (the result is then the same on every rank).
+    std::int64_t b = span * w / (kWindows - 1);
+    const std::int64_t e = std::min(shape.rows, b + kRows);
+    b = std::max(b, prev_end);
+    if (b >= e) continue;
+    prev_end = e;
+    // Every rank reads the same few rows (a collective read of a tiny hyperslab).
+    const io::RowMatrix x = io::read_rows(comm, ref, shape, {b, e});
+    h.word(static_cast<std::uint64_t>(b));
+    for (Eigen::Index i = 0; i < x.rows(); ++i)
+      for (Eigen::Index j = 0; j < x.cols(); ++j) {
+        std::uint64_t bits;
+        const double v = x(i, j);
+        std::memcpy(&bits, &v, sizeof bits);
+        h.word(bits);
+      }
+  }
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h.h));
+  return buf;
+}
+
+void add_data(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,
+              const io::MatrixShape& shape) {
+  fp.add(flag.substr(2) + "_shape", std::to_string(shape.rows) + "x" + std::to_string(shape.cols),
+         flag + " (rows x columns)");
+  fp.add(flag.substr(2) + "_identity", data_identity(comm, ref, shape), flag,
+         "its data differ from this run's " + flag + " " + ref.str() + " (hash of sampled rows)");
+}
+
+void check_paths(const Comm& comm, const std::string& checkpoint, const std::string& every,
+                 const std::vector<std::string>& inputs) {
+  if (!every.empty() && checkpoint.empty())
+    throw Error("--checkpoint-every needs --checkpoint FILE");
+  parse_every(every);
+  if (!checkpoint.empty()) io::check_output_path(comm, checkpoint, inputs);
+}
+
+void check_resume(const Comm& comm, const std::string& resume) {
+  if (resume.empty()) return;
+  comm.on_root([&] {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(resume, ec))
+      throw Error("--resume " + resume + ": no such file");
+  });
+}
+
+StopPoller::StopPoller(const Comm& comm, Every every)
+    : comm_(comm), every_(every), last_save_(now_seconds()) {}
+
+StopPoller::Decision StopPoller::poll(std::int64_t done) {
+  // Encoded as 2 * signal + due, so that one max carries both: any signal wins (and implies a
+  // save); otherwise only rank 0 contributes `due`.
+  std::int64_t due = 0;
+  if (comm_.is_root() && every_.seconds > 0 && now_seconds() - last_save_ >= every_.seconds)
+    due = 1;
+  const std::int64_t mine = 2 * static_cast<std::int64_t>(StopSignals::received()) + due;
+  const std::int64_t all = comm_.allreduce_max(mine);
+  Decision d;
+  d.signal = static_cast<int>(all / 2);
+  d.save = d.signal != 0 || (all & 1) != 0 ||
+           (every_.iterations > 0 && done > 0 && done != skip_ && done % every_.iterations == 0);
+  return d;
+}
+
+void StopPoller::saved() {
+  last_save_ = now_seconds();
+}
+
+std::string signal_name(int sig) {
+  if (sig == SIGTERM) return "SIGTERM";
+  if (sig == SIGUSR1) return "SIGUSR1";
+  return "signal " + std::to_string(sig);
+}
+
+void stop(int sig, const std::string& where, const std::string& checkpoint) {
+  throw Preempted("caviar: stopped by " + signal_name(sig) + " " + where + "; " +
+                  (checkpoint.empty() ? std::string("no --checkpoint given, nothing saved")
+                                      : "wrote checkpoint " + checkpoint +
+                                            " (continue with --resume " + checkpoint + ")") +
+                  "; exit code " + std::to_string(kExitPreempted));
+}
+
+}  // namespace caviar::ckpt

@@ -1,0 +1,210 @@
+#include "inference/gmm_checkpoint.hpp"
+
+#include <span>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+
+namespace caviar::gmm {
+
+namespace {
+ckpt::Every checked_every(const Comm& comm, const FitOptions& o,
+                          const std::vector<std::string>& inputs) {
+  ckpt::check_paths(comm, o.checkpoint, o.checkpoint_every, inputs);
+  if (!o.checkpoint.empty() && !o.out.empty() && o.checkpoint == o.out)
+    throw Error("--checkpoint and --out name the same file");
+  if (!o.checkpoint.empty() && !o.labels.empty() && o.checkpoint == o.labels)
+    throw Error("--checkpoint and --labels name the same file");
+  if (!o.resume.empty() && (o.resume == o.out || o.resume == o.labels))
+    throw Error("--resume names the same file as --out or --labels");
+  ckpt::check_resume(comm, o.resume);
+  return ckpt::parse_every(o.checkpoint_every);
+}
+
+void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v) {
+  // Empty traces are simply absent (read back as empty).
+  if (!v.empty()) w.write(name, v, {v.size()});
+}
+
+std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
+  return r.has(name) ? r.read(name) : std::vector<double>{};
+}
+}  // namespace
+
+Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
+                           const std::vector<std::string>& inputs)
+    : comm_(comm), o_(o), poller_(comm, checked_every(comm, o, inputs)) {}
+
+void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, const Model& model,
+                        const std::string& init) {
+  if (o_.checkpoint.empty() && o_.resume.empty()) return;
+  ckpt::Fingerprint fp("gmm");
+  const Prior& pr = model.prior();
+  fp.add("algorithm", to_string(o_.algorithm), "--algorithm");
+  fp.add("covariance", to_string(o_.covariance), "--covariance");
+  fp.add("weights", to_string(pr.weights), "--weights");
+  fp.add("components", static_cast<std::int64_t>(o_.components), "--components");
+  fp.add("dim", static_cast<std::int64_t>(shape.cols), "data dimension D =");
+  ckpt::add_data(fp, comm_, "--data", ref, shape);
+  fp.add("seed", static_cast<std::int64_t>(o_.seed), "--seed");
+  fp.add("init", init, "--init");
+  if (init == "kmeans++")
+    fp.add("kmeans_iter", static_cast<std::int64_t>(o_.kmeans_iter), "--kmeans-iter");
+  fp.add("alpha0", pr.alpha0, "--alpha0");
+  fp.add("beta0", pr.beta0, "--beta0");
+  fp.add("nu0", pr.nu0, "--nu0");
+  fp.add("prior_mean", o_.prior_mean, "--prior-mean");
+  fp.add("prior_scale", o_.prior_scale, "--prior-scale");
+  if (o_.algorithm == Algorithm::kEm) fp.add("reg_covar", o_.reg_covar, "--reg-covar");
+  if (o_.algorithm == Algorithm::kSvi) {
+    fp.add("batch_size", static_cast<std::int64_t>(o_.batch_size), "--batch-size");
+    fp.add("schedule", to_string(o_.schedule), "--schedule");
+    fp.add("omega", o_.omega, "--omega");
+    fp.add("delta", o_.delta, "--delta");
+    fp.add("tau0", o_.tau0, "--tau0");
+    fp.add("full_elbo_every", static_cast<std::int64_t>(o_.full_elbo_every), "--full-elbo-every");
+  }
+  // Plain double sums change with the summation order, hence the last bits.
+  fp.add("fast_reduce", static_cast<std::int64_t>(o_.fast_reduce), "--fast-reduce");
+  // Streaming changes how rows are grouped into partial sums (with --fast-reduce).
+  fp.add("stream", static_cast<std::int64_t>(o_.stream), "--stream");
+  if (o_.stream) fp.add("chunk_rows", static_cast<std::int64_t>(o_.chunk_rows), "--chunk-rows");
+  fp_ = std::move(fp);
+  if (o_.resume.empty()) return;
+
+  State s;
+  const std::size_t n_stats = model.make_stats().buffer().size();
+  comm_.agree([&] {
+    const io::FileReader r(o_.resume);
+    fp_->check(r, o_.resume);
+    const std::string bad = "--resume " + o_.resume + ": ";
+    auto num = [&](const char* name) { return r.read_double_attr(name); };
+    s.stats = r.read("/stats");
+    if (s.stats.size() != n_stats) throw Error(bad + "its statistics have the wrong size");
+    s.iteration = static_cast<int>(num("iteration"));
+    s.elapsed = num("elapsed");
+    s.res.iterations = static_cast<int>(num("iterations"));
+    s.res.steps = static_cast<std::int64_t>(num("steps"));
+    s.res.trace = read_vec(r, "/trace/objective");
+    s.res.seconds_trace = read_vec(r, "/trace/seconds");
+    if (o_.algorithm == Algorithm::kSvi) {
+      SviPosition& p = s.svi;
+      p.epoch = static_cast<int>(num("epoch"));
+      p.step = static_cast<std::int64_t>(num("step"));
+      p.t = static_cast<std::int64_t>(num("t"));
+      p.decreases = static_cast<int>(num("decreases"));
+      p.epoch_sum = num("epoch_sum");
+      p.rho = num("rho");
+      p.tau = num("tau");
+      p.hbar = num("hbar");
+      s.gbar = read_vec(r, "/svi/gbar");
+      if (o_.schedule == Schedule::kAdaptive && s.gbar.size() != n_stats)
+        throw Error(bad + "its adaptive-schedule state has the wrong size");
+      s.res.epoch_trace = read_vec(r, "/trace/epoch_elbo");
+      s.res.rho_trace = read_vec(r, "/trace/rho");
+      s.res.full_elbo = read_vec(r, "/trace/full_elbo");
+      s.res.full_elbo_seconds = read_vec(r, "/trace/full_elbo_seconds");
+      s.res.full_elbo_step = read_vec(r, "/trace/full_elbo_step");
+      if (p.epoch < 0 || p.step < 0 || p.t < 0 || s.res.trace.size() != std::size_t(p.t) ||
+          s.res.rho_trace.size() != std::size_t(p.t))
+        throw Error(bad + "its SVI position and traces disagree (corrupt checkpoint?)");
+    } else if (s.iteration < 0 || s.res.trace.size() != std::size_t(s.iteration)) {
+      throw Error(bad + "its iteration and trace disagree (corrupt checkpoint?)");
+    }
+  });
+  // The boundary we resume at was the one saved: no need to save it again by count.
+  poller_.skip_count_at(o_.algorithm == Algorithm::kSvi ? s.svi.t : s.iteration);
+  state_ = std::move(s);
+}
+
+Stats Checkpointer::stats(const Model& model) const {
+  Stats s = model.make_stats();
+  std::copy(state_->stats.begin(), state_->stats.end(), s.buffer().begin());
+  return s;
+}
+
+void Checkpointer::restore(FitResult& res) const {
+  if (!resuming()) return;
+  const FitResult& c = state_->res;
+  res.iterations = c.iterations;
+  res.steps = c.steps;
+  res.trace = c.trace;
+  res.seconds_trace = c.seconds_trace;
+  res.epoch_trace = c.epoch_trace;
+  res.rho_trace = c.rho_trace;
+  res.full_elbo = c.full_elbo;
+  res.full_elbo_seconds = c.full_elbo_seconds;
+  res.full_elbo_step = c.full_elbo_step;
+}
+
+const std::vector<double>& Checkpointer::gbar() const {
+  static const std::vector<double> empty;
+  return resuming() ? state_->gbar : empty;
+}
+
+template <class Where, class W>
+void Checkpointer::boundary(std::int64_t done, Where&& where, W&& write_at) {
+  const ckpt::StopPoller::Decision d = poller_.poll(done);
+  if (d.save && !o_.checkpoint.empty()) {
+    write_at();
+    poller_.saved();
+  }
+  if (d.signal != 0) ckpt::stop(d.signal, where(), o_.checkpoint);
+}
+
+void Checkpointer::iteration(int it, const Stats& stats, const FitResult& res, double elapsed) {
+  boundary(
+      it, [&] { return "before iteration " + std::to_string(it); },
+      [&] { write(it, nullptr, nullptr, stats, res, elapsed); });
+}
+
+void Checkpointer::svi_step(const SviPosition& pos, const Stats* gbar, const Stats& s_eff,
+                            const FitResult& res, double elapsed) {
+  boundary(
+      pos.t,
+      [&] {
+        return "after step " + std::to_string(pos.t) + " (epoch " + std::to_string(pos.epoch + 1) +
+               ", step " + std::to_string(pos.step) + " of the epoch done)";
+      },
+      [&] { write(pos.epoch, &pos, gbar, s_eff, res, elapsed); });
+}
+
+void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gbar,
+                         const Stats& stats, const FitResult& res, double elapsed) const {
+  comm_.on_root([&] {
+    io::FileWriter w(o_.checkpoint);
+    fp_->write(w);
+    w.write("stats", stats.buffer(), {stats.buffer().size()});
+    write_vec(w, "trace/objective", res.trace);
+    write_vec(w, "trace/seconds", res.seconds_trace);
+    w.attr("iteration", static_cast<std::int64_t>(iteration));
+    w.attr("iterations", static_cast<std::int64_t>(res.iterations));
+    w.attr("steps", res.steps);
+    w.attr("elapsed", elapsed);
+    if (svi) {
+      w.attr("epoch", static_cast<std::int64_t>(svi->epoch));
+      w.attr("step", svi->step);
+      w.attr("t", svi->t);
+      w.attr("decreases", static_cast<std::int64_t>(svi->decreases));
+      w.attr("epoch_sum", svi->epoch_sum);
+      w.attr("rho", svi->rho);
+      w.attr("tau", svi->tau);
+      w.attr("hbar", svi->hbar);
+      if (gbar) write_vec(w, "svi/gbar", gbar->buffer());
+      write_vec(w, "trace/epoch_elbo", res.epoch_trace);
+      write_vec(w, "trace/rho", res.rho_trace);
+      write_vec(w, "trace/full_elbo", res.full_elbo);
+      write_vec(w, "trace/full_elbo_seconds", res.full_elbo_seconds);
+      write_vec(w, "trace/full_elbo_step", res.full_elbo_step);
+    }
+    // Provenance only (not compared on resume).
+    w.attr("data", o_.data);
+    w.attr("ranks", static_cast<std::int64_t>(comm_.size()));
+    w.attr("threads", static_cast<std::int64_t>(max_threads()));
+    w.attr("version", o_.version);
+    w.attr("command", o_.command);
+    w.commit();
+  });
+}
+
+}  // namespace caviar::gmm

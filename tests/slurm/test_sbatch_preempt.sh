@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# test_sbatch_preempt.sh - a preempted and requeued jobscripts/preemptible.sbatch job must end
+# with the same model, byte for byte, as an uninterrupted run (issue 7, section 2).
+#
+# Usage: test_sbatch_preempt.sh CAVIAR_BIN WORKDIR
+#
+# Exit codes: 0 pass, 77 skipped (SLURM/munge/h5py/root not available), anything else fails.
+#
+# Steps: start SLURM in WORKDIR/slurm (a trap always stops it), generate 2-D data, run the fit
+# uninterrupted with mpirun -n 2 (the reference), submit preemptible.sbatch with 2 tasks, wait
+# for a few progress lines in the job output, send the batch shell SIGUSR1
+# (`scancel --signal=USR1 --batch`, what `#SBATCH --signal=B:USR1@60` does before the time
+# limit), and wait (TEST_JOB_TIMEOUT, default 240 s). Checks: the job was requeued (Restarts=1)
+# and COMPLETED with 0:0, its output shows "stopped by SIGUSR1" and a resumed second run, and
+# the model's datasets and attributes (except timings and the command line) equal the
+# reference's bytes.
+set -euo pipefail
+
+prog=${0##*/}
+SKIP=77
+
+fail() {
+  printf '%s: FAIL: %s\n' "$prog" "$*" >&2
+  exit 1
+}
+skip() {
+  printf '%s: SKIP: %s\n' "$prog" "$*" >&2
+  exit "$SKIP"
+}
+log() { printf '%s: %s\n' "$prog" "$*" >&2; }
+
+[[ $# -eq 2 ]] || {
+  echo "usage: $prog CAVIAR_BIN WORKDIR" >&2
+  exit 2
+}
+caviar_bin=$1
+workdir=$2
+
+here=$(cd "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+repo=$(cd "$here/../.." && pwd -P)
+local_slurm=$repo/jobscripts/local_slurm.sh
+script=$repo/jobscripts/preemptible.sbatch
+python=${PYTHON:-/usr/bin/python3}
+job_timeout=${TEST_JOB_TIMEOUT:-240}
+
+for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged munge unmunge mpirun; do
+  command -v "$c" >/dev/null || skip "'$c' not installed (CAVIAR_WITH_SLURM=1 scripts/install_deps.sh)"
+done
+[[ $(id -u) -eq 0 ]] || skip "needs root to run slurmd/munged locally"
+if ! { [[ -x $python ]] && "$python" -c 'import h5py, numpy' 2>/dev/null; }; then
+  skip "$python with h5py and numpy not available (apt-get install python3-h5py)"
+fi
+
+[[ -x $caviar_bin ]] || fail "caviar binary '$caviar_bin' not found or not executable"
+caviar_bin=$(cd "$(dirname -- "$caviar_bin")" && pwd -P)/$(basename -- "$caviar_bin")
+[[ -x $local_slurm && -f $script ]] || fail "jobscripts not found under $repo/jobscripts"
+
+mkdir -p "$workdir"
+workdir=$(cd "$workdir" && pwd -P)
+slurm_dir=$workdir/slurm
+data=$workdir/d.h5
+model=$workdir/model.h5
+ref=$workdir/ref.h5
+ckpt=$workdir/model.ckpt.h5
+rm -f "$data" "$model" "$ref" "$ckpt" "$workdir"/pre-*.out
+
+job_id=""
+cleanup() {
+  local rc=$?
+  if [[ -n $job_id && -n ${SLURM_CONF:-} ]]; then
+    scancel "$job_id" >/dev/null 2>&1 || true
+  fi
+  "$local_slurm" stop "$slurm_dir" || {
+    log "WARNING: local_slurm.sh stop failed"
+    [[ $rc -ne 0 ]] || rc=1
+  }
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+log "starting local SLURM in $slurm_dir"
+"$local_slurm" start "$slurm_dir" >/dev/null || fail "could not start local SLURM (see messages above)"
+# shellcheck source=/dev/null
+. "$slurm_dir/env"
+export SLURM_CONF
+
+# --- data and the uninterrupted reference (2 ranks x 1 thread, as the job) -----
+"$caviar_bin" generate gmm --n 40000 --dim 2 --components 4 --seed 1 --out "$data:/X" >/dev/null ||
+  fail "caviar generate gmm failed"
+fit_args="--tol 0 --max-iter 300 --seed 5"
+root_flag=()
+[[ $(id -u) -ne 0 ]] || root_flag=(--allow-run-as-root)
+# shellcheck disable=SC2086
+OMP_NUM_THREADS=1 mpirun -n 2 --oversubscribe "${root_flag[@]}" "$caviar_bin" -q gmm fit \
+  --data "$data:/X" --components 4 --out "$ref" $fit_args >/dev/null || fail "reference fit failed"
+
+# --- submit, preempt, wait ------------------------------------------------------
+job_id=$(sbatch --parsable --chdir="$workdir" --output="$workdir/pre-%j.out" \
+  --export="ALL,CAVIAR_BIN=$caviar_bin,DATA=$data:/X,K=4,OUT=$model,CHECKPOINT=$ckpt,CHECKPOINT_EVERY=1000,CAVIAR_FIT_ARGS=$fit_args" \
+  "$script") || fail "sbatch failed"
+job_id=${job_id%%;*}
+job_out=$workdir/pre-$job_id.out
+log "submitted job $job_id"
+
+show_output() {
+  log "---- job $job_id output ($job_out) ----"
+  cat "$job_out" >&2 2>/dev/null || log "(no output file)"
+  log "---- end of job output ----"
+}
+job_field() { sed -n "s/.*[ ]$1=\([^ ]*\).*/\1/p" <<<"$2"; }
+
+deadline=$((SECONDS + job_timeout))
+# Wait until the fit has printed 20 iterations, then signal the batch shell.
+while :; do
+  if [[ -f $job_out ]] && (($(grep -c '^iter ' "$job_out" || true) >= 20)); then
+    break
+  fi
+  info=$(scontrol -o show job "$job_id" 2>&1) || true
+  state=$(job_field JobState "$info")
+  case $state in
+    PENDING | CONFIGURING | RUNNING | "") ;;
+    *)
+      show_output
+      fail "job $job_id ended ($state) before it could be signalled; make the fit longer"
+      ;;
+  esac
+  ((SECONDS < deadline)) || {
+    show_output
+    fail "no progress from job $job_id within ${job_timeout}s"
+  }
+  sleep 0.2
+done
+log "sending SIGUSR1 to the batch shell of job $job_id"
+scancel --signal=USR1 --batch "$job_id" || fail "scancel --signal=USR1 --batch failed"
+
+state="" exit_code="" restarts=""
+while :; do
+  info=$(scontrol -o show job "$job_id" 2>&1) || {
+    show_output
+    fail "scontrol show job $job_id failed: $info"
+  }
+  state=$(job_field JobState "$info")
+  exit_code=$(job_field ExitCode "$info")
+  restarts=$(job_field Restarts "$info")
+  # SLURM holds a requeued job until a BeginTime some minutes ahead (about 170 s here); make it
+  # eligible sooner so that the test stays short. The requeue itself is the job script's. Only
+  # once the node is idle again, and a few seconds later: a job started while slurmd is still
+  # cleaning up its previous run fails ("Job credential revoked").
+  if [[ $state == PENDING && ${restarts:-0} -ge 1 && $(job_field Reason "$info") == BeginTime &&
+    -z ${released:-} ]] && sinfo -h -N -o '%T' | grep -qx idle; then
+    sleep 5
+    log "job $job_id requeued (restart $restarts), held for BeginTime; scontrol update StartTime=now"
+    scontrol update JobId="$job_id" StartTime=now || fail "scontrol update StartTime=now failed"
+    released=1
+  fi
+  case $state in
+    COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) break ;;
+  esac
+  if ((SECONDS >= deadline)); then
+    scancel "$job_id" || true
+    show_output
+    fail "job $job_id still $state (restarts $restarts) after ${job_timeout}s; cancelled"
+  fi
+  sleep 1
+done
+log "job $job_id finished: state=$state exit=$exit_code restarts=$restarts"
+
+# --- checks -------------------------------------------------------------------
+if [[ $state != COMPLETED || $exit_code != 0:0 ]]; then
+  show_output
+  fail "job $job_id ended with state=$state ExitCode=$exit_code (want COMPLETED 0:0)"
+fi
+[[ $restarts == 1 ]] || {
+  show_output
+  fail "job $job_id was restarted $restarts times, want 1"
+}
+grep -q 'stopped by SIGUSR1' "$job_out" || {
+  show_output
+  fail "the job output lacks caviar's 'stopped by SIGUSR1' line"
+}
+grep -q 'restart 1 .*(resuming)' "$job_out" || {
+  show_output
+  fail "the requeued run did not resume from the checkpoint"
+}
+[[ -f $model ]] || {
+  show_output
+  fail "model file $model was not written"
+}
+if ! report=$("$python" - "$ref" "$model" 2>&1 <<'PYEOF'
+import sys
+import h5py
+import numpy as np
+
+def items(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out["D:" + name] = (str(obj.dtype), obj.shape, np.asarray(obj[()]).tobytes())
+        f.visititems(visit)
+        for a, v in f.attrs.items():
+            out["A:" + a] = repr(v)
+    return out
+
+a, b = items(sys.argv[1]), items(sys.argv[2])
+skip = lambda k: "seconds" in k or k == "A:command"
+diff = [k for k in sorted(set(a) | set(b)) if not skip(k) and a.get(k) != b.get(k)]
+if diff:
+    sys.exit("model differs from the uninterrupted run in: %s" % diff)
+print("%d datasets and attributes identical" % len([k for k in a if not skip(k)]))
+PYEOF
+); then
+  show_output
+  fail "$report"
+fi
+log "model ok: $report"
+log "PASS"
