@@ -89,7 +89,8 @@ export SLURM_CONF
 # --- data and the uninterrupted reference (2 ranks x 1 thread, as the job) -----
 "$caviar_bin" generate gmm --n 40000 --dim 2 --components 4 --seed 1 --out "$data:/X" >/dev/null ||
   fail "caviar generate gmm failed"
-fit_args="--tol 0 --max-iter 300 --seed 5"
+# Long enough (~10 s here) that the job is still fitting when the signal arrives.
+fit_args="--tol 0 --max-iter 15000 --seed 5"
 root_flag=()
 [[ $(id -u) -ne 0 ]] || root_flag=(--allow-run-as-root)
 # shellcheck disable=SC2086
