@@ -268,6 +268,17 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   return p;
 }
 
+// Accumulates the statistics of responsibilities made slice by slice (resp(r0, n) for local rows
+// [r0, r0 + n) of x), so that no N x K matrix is ever held. Slices are whole 256-row blocks.
+template <class Resp>
+void accumulate_sliced(const Model& model, const RowMatrix& x, Stats& stats, Resp&& resp) {
+  constexpr Eigen::Index kSlice = 32 * kBlockRows;
+  for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += kSlice) {
+    const Eigen::Index n = std::min(kSlice, x.rows() - r0);
+    model.accumulate(x.middleRows(r0, n), resp(r0, n), stats);
+  }
+}
+
 // The statistics of the initial responsibilities, summed over ranks: k-means++ (rows in
 // memory), random (keyed by global row), or read from FILE.h5:/resp chunk by chunk.
 Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& init,
@@ -279,12 +290,20 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
       throw Error(
           "--init kmeans++ needs the data in memory; with --stream use --init random or "
           "--init FILE.h5:/resp");
-    const RowMatrix r = kmeans_responsibilities(comm, src.rows(), src.range(), src.shape().rows, k,
-                                                o.seed, o.kmeans_iter);
-    comm.agree([&] { model.accumulate(src.rows(), r, stats); });
+    const Eigen::VectorXi label =
+        kmeans_labels(comm, src.rows(), src.range(), src.shape().rows, k, o.seed, o.kmeans_iter);
+    comm.agree([&] {
+      accumulate_sliced(model, src.rows(), stats, [&](Eigen::Index r0, Eigen::Index n) {
+        RowMatrix r = RowMatrix::Zero(n, k);
+        for (Eigen::Index i = 0; i < n; ++i) r(i, label[r0 + i]) = 1.0;
+        return r;
+      });
+    });
   } else if (init == "random") {
     each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t first) {
-      model.accumulate(x, random_responsibilities(first, x.rows(), k, o.seed), stats);
+      accumulate_sliced(model, x, stats, [&](Eigen::Index r0, Eigen::Index n) {
+        return random_responsibilities(first + r0, n, k, o.seed);
+      });
     });
   } else {
     // Anything else names a dataset of initial responsibilities, N x K.

@@ -74,9 +74,8 @@ int owner_of(std::int64_t row, std::int64_t n_global, int n_ranks) {
 
 }  // namespace
 
-RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange range,
-                                  std::int64_t n_global, int k, std::uint64_t seed,
-                                  int lloyd_iters) {
+Eigen::VectorXi kmeans_labels(const Comm& comm, const RowMatrix& x, RowRange range,
+                              std::int64_t n_global, int k, std::uint64_t seed, int lloyd_iters) {
   const std::int64_t n = x.rows();
   const Eigen::Index d = x.cols();
   const CounterRng rng(seed, Stream::kKmeansPlusPlus);
@@ -157,9 +156,7 @@ RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange
     }
     assign();
   }
-  RowMatrix r = RowMatrix::Zero(n, k);
-  for (std::int64_t i = 0; i < n; ++i) r(i, label[i]) = 1.0;
-  return r;
+  return label;
 }
 
 }  // namespace caviar

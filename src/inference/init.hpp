@@ -17,11 +17,10 @@ RowMatrix random_responsibilities(std::int64_t row_begin, std::int64_t n_rows, i
                                   std::uint64_t seed);
 
 // Distributed k-means++ seeding (Arthur & Vassilvitskii 2007), then `lloyd_iters` Lloyd steps;
-// returns hard responsibilities. Each center is drawn by weighted reservoir sampling (key
-// ln(u_n) / d_n^2, largest wins; Efraimidis & Spirakis 2006), so the draw is one max-reduction
+// returns each local row's cluster (0..K-1). Each center is drawn by weighted reservoir sampling
+// (key ln(u_n) / d_n^2, largest wins; Efraimidis & Spirakis 2006), so the draw is one max-reduction
 // whose winner does not depend on how rows are split over ranks.
-RowMatrix kmeans_responsibilities(const Comm& comm, const RowMatrix& x, RowRange range,
-                                  std::int64_t n_global, int k, std::uint64_t seed,
-                                  int lloyd_iters);
+Eigen::VectorXi kmeans_labels(const Comm& comm, const RowMatrix& x, RowRange range,
+                              std::int64_t n_global, int k, std::uint64_t seed, int lloyd_iters);
 
 }  // namespace caviar
