@@ -14,23 +14,39 @@ inline int max_threads() {
   return omp_get_max_threads();
 }
 
+namespace detail {
+// Keeps the first exception thrown by any block of a parallel region, to rethrow after it.
+class FirstError {
+ public:
+  template <class F>
+  void run(F&& f) noexcept {
+    try {
+      f();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::exception_ptr error_;
+  std::mutex mutex_;
+};
+}  // namespace detail
+
 // Calls body(thread_id, block_begin, block_end) for consecutive blocks of `block` items in
 // [0, n). Static schedule: a block's thread is a function of (n, block, thread count) only.
 template <class Body>
 void parallel_blocks(std::int64_t n, std::int64_t block, int n_threads, Body&& body) {
   const std::int64_t n_blocks = (n + block - 1) / block;
-  std::exception_ptr error;
-  std::mutex error_mutex;
+  detail::FirstError error;
 #pragma omp parallel for schedule(static) num_threads(n_threads)
-  for (std::int64_t b = 0; b < n_blocks; ++b) {
-    try {
-      body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block));
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  for (std::int64_t b = 0; b < n_blocks; ++b)
+    error.run([&] { body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block)); });
+  error.rethrow();
 }
 
 // As parallel_blocks, but blocks go to whichever thread is free (schedule(dynamic)): for blocks of
@@ -39,18 +55,11 @@ void parallel_blocks(std::int64_t n, std::int64_t block, int n_threads, Body&& b
 template <class Body>
 void parallel_blocks_dynamic(std::int64_t n, std::int64_t block, int n_threads, Body&& body) {
   const std::int64_t n_blocks = (n + block - 1) / block;
-  std::exception_ptr error;
-  std::mutex error_mutex;
+  detail::FirstError error;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
-  for (std::int64_t b = 0; b < n_blocks; ++b) {
-    try {
-      body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block));
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  for (std::int64_t b = 0; b < n_blocks; ++b)
+    error.run([&] { body(omp_get_thread_num(), b * block, std::min(n, (b + 1) * block)); });
+  error.rethrow();
 }
 
 }  // namespace caviar

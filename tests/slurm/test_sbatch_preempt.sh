@@ -16,47 +16,11 @@
 # reference's bytes.
 set -euo pipefail
 
-prog=${0##*/}
-SKIP=77
-
-fail() {
-  printf '%s: FAIL: %s\n' "$prog" "$*" >&2
-  exit 1
-}
-skip() {
-  printf '%s: SKIP: %s\n' "$prog" "$*" >&2
-  exit "$SKIP"
-}
-log() { printf '%s: %s\n' "$prog" "$*" >&2; }
-
-[[ $# -eq 2 ]] || {
-  echo "usage: $prog CAVIAR_BIN WORKDIR" >&2
-  exit 2
-}
-caviar_bin=$1
-workdir=$2
-
-here=$(cd "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
-repo=$(cd "$here/../.." && pwd -P)
-local_slurm=$repo/jobscripts/local_slurm.sh
+# shellcheck source=common.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/common.sh" "$@"
 script=$repo/jobscripts/preemptible.sbatch
-python=${PYTHON:-/usr/bin/python3}
 job_timeout=${TEST_JOB_TIMEOUT:-240}
-
-for c in sbatch squeue scontrol scancel sinfo slurmctld slurmd munged munge unmunge mpirun; do
-  command -v "$c" >/dev/null || skip "'$c' not installed (CAVIAR_WITH_SLURM=1 scripts/install_deps.sh)"
-done
-[[ $(id -u) -eq 0 ]] || skip "needs root to run slurmd/munged locally"
-if ! { [[ -x $python ]] && "$python" -c 'import h5py, numpy' 2>/dev/null; }; then
-  skip "$python with h5py and numpy not available (apt-get install python3-h5py)"
-fi
-
-[[ -x $caviar_bin ]] || fail "caviar binary '$caviar_bin' not found or not executable"
-caviar_bin=$(cd "$(dirname -- "$caviar_bin")" && pwd -P)/$(basename -- "$caviar_bin")
-[[ -x $local_slurm && -f $script ]] || fail "jobscripts not found under $repo/jobscripts"
-
-mkdir -p "$workdir"
-workdir=$(cd "$workdir" && pwd -P)
+[[ -f $script ]] || fail "jobscripts not found under $repo/jobscripts"
 slurm_dir=$workdir/slurm
 data=$workdir/d.h5
 model=$workdir/model.h5
