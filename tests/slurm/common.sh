@@ -1,7 +1,7 @@
 # common.sh - sourced by the SLURM test scripts (tests/slurm/test_*.sh) with their arguments:
 # the skip/fail conventions (exit 77 = skipped), the argument check, and the preconditions shared
 # by every test that starts a throw-away SLURM with jobscripts/local_slurm.sh. Defines prog,
-# caviar_bin and workdir (absolute), repo, local_slurm and python.
+# caviar_bin and workdir (absolute), repo, local_slurm and python, and start_local_slurm.
 prog=${0##*/}
 SKIP=77
 
@@ -45,3 +45,31 @@ caviar_bin=$(cd "$(dirname -- "$caviar_bin")" && pwd -P)/$(basename -- "$caviar_
 
 mkdir -p "$workdir"
 workdir=$(cd "$workdir" && pwd -P)
+
+# Starts a throw-away SLURM in directory $1 (jobscripts/local_slurm.sh) and makes sure it is
+# stopped again, with the job in $job_id cancelled, however the test exits.
+job_id=""
+start_local_slurm() {
+  slurm_dir=$1
+  trap stop_local_slurm EXIT
+  # INT/TERM: exit, which runs the EXIT trap exactly once.
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  log "starting local SLURM in $slurm_dir"
+  "$local_slurm" start "$slurm_dir" >/dev/null || fail "could not start local SLURM (see messages above)"
+  # shellcheck source=/dev/null
+  . "$slurm_dir/env"
+  export SLURM_CONF
+}
+
+stop_local_slurm() {
+  local rc=$?
+  if [[ -n $job_id && -n ${SLURM_CONF:-} ]]; then
+    scancel "$job_id" >/dev/null 2>&1 || true
+  fi
+  "$local_slurm" stop "$slurm_dir" || {
+    log "WARNING: local_slurm.sh stop failed"
+    [[ $rc -ne 0 ]] || rc=1
+  }
+  exit "$rc"
+}

@@ -26,28 +26,7 @@ model=$workdir/model.h5
 rm -f "$data" "$model" "$workdir"/fit-*.out
 
 # --- cluster up (and ALWAYS down again) --------------------------------------
-job_id=""
-cleanup() {
-  local rc=$?
-  if [[ -n $job_id && -n ${SLURM_CONF:-} ]]; then
-    scancel "$job_id" >/dev/null 2>&1 || true
-  fi
-  "$local_slurm" stop "$slurm_dir" || {
-    log "WARNING: local_slurm.sh stop failed"
-    [[ $rc -ne 0 ]] || rc=1
-  }
-  exit "$rc"
-}
-trap cleanup EXIT
-# INT/TERM: exit, which runs the EXIT trap exactly once.
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-log "starting local SLURM in $slurm_dir"
-"$local_slurm" start "$slurm_dir" >/dev/null || fail "could not start local SLURM (see messages above)"
-# shellcheck source=/dev/null
-. "$slurm_dir/env"
-export SLURM_CONF
+start_local_slurm "$slurm_dir"
 
 # --- data ----------------------------------------------------------------------
 log "generating $data"

@@ -28,27 +28,7 @@ ref=$workdir/ref.h5
 ckpt=$workdir/model.ckpt.h5
 rm -f "$data" "$model" "$ref" "$ckpt" "$workdir"/pre-*.out
 
-job_id=""
-cleanup() {
-  local rc=$?
-  if [[ -n $job_id && -n ${SLURM_CONF:-} ]]; then
-    scancel "$job_id" >/dev/null 2>&1 || true
-  fi
-  "$local_slurm" stop "$slurm_dir" || {
-    log "WARNING: local_slurm.sh stop failed"
-    [[ $rc -ne 0 ]] || rc=1
-  }
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-log "starting local SLURM in $slurm_dir"
-"$local_slurm" start "$slurm_dir" >/dev/null || fail "could not start local SLURM (see messages above)"
-# shellcheck source=/dev/null
-. "$slurm_dir/env"
-export SLURM_CONF
+start_local_slurm "$slurm_dir"
 
 # --- data and the uninterrupted reference (2 ranks x 1 thread, as the job) -----
 "$caviar_bin" generate gmm --n 40000 --dim 2 --components 4 --seed 1 --out "$data:/X" >/dev/null ||
