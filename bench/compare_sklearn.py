@@ -57,12 +57,17 @@ def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, 
     if fast:
         argv.append("--fast-reduce")
     r = run(argv, env)
-    # "iter    3  elbo -6.0e+03  rel 1.8e-08     0.017s": seconds since the fit started.
-    t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", r.stderr, re.M)]
-    if len(t) != iters + 1:
-        sys.exit(f"could not read caviar's per-iteration times:\n{r.stderr}")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    return float(np.median(np.diff(t))), summary.get("elbo", summary.get("log_likelihood"))
+    return per_iteration_seconds(r.stderr, iters), summary.get("elbo", summary.get("log_likelihood"))
+
+
+def per_iteration_seconds(stderr, iters):
+    """Median seconds per iteration from caviar's progress lines on stderr,
+    "iter    3  elbo -6.0e+03  rel 1.8e-08     0.017s" (seconds since the fit started)."""
+    t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", stderr, re.M)]
+    if len(t) != iters + 1:
+        sys.exit(f"could not read caviar's per-iteration times:\n{stderr}")
+    return float(np.median(np.diff(t)))
 
 
 def sklearn_per_iter(x, k, iters, algorithm, covariance):

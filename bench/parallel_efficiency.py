@@ -11,18 +11,12 @@ usage: parallel_efficiency.py CAVIAR_BIN WORKDIR [--n 1000000] [--dim 16] [--k 2
                               [--iters 10] [--fast-reduce]
 """
 import argparse
+import json
 import os
-import re
-import resource
 import subprocess
 import sys
 
-import numpy as np
-
-
-def mpirun(n):
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"] + extra
+from compare_sklearn import mpirun, per_iteration_seconds
 
 
 def run_fit(caviar, data, k, ranks, threads, iters, fast):
@@ -38,12 +32,10 @@ def run_fit(caviar, data, k, ranks, threads, iters, fast):
              "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))")
     out = subprocess.run([sys.executable, "-c", probe] + argv, capture_output=True, text=True,
                          env=env, timeout=3600)
-    import json
     code, stderr, maxrss_kb = json.loads(out.stdout)
     if code != 0:
         sys.exit(f"FAILED ({ranks}x{threads}):\n{stderr}")
-    t = [float(m.group(1)) for m in re.finditer(r"^iter\s+\d+\s.*\s([0-9.]+)s$", stderr, re.M)]
-    return float(np.median(np.diff(t))), maxrss_kb * 1024
+    return per_iteration_seconds(stderr, iters), maxrss_kb * 1024
 
 
 def main():

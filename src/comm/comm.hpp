@@ -80,16 +80,9 @@ class Comm {
   // there becomes the same Error on every rank.
   template <class F>
   void on_root(F&& f) const {
-    std::string message;
-    if (is_root()) {
-      try {
-        f();
-      } catch (const Error& e) {
-        message = e.what();
-        if (message.empty()) message = "unknown error";
-      }
-    }
-    raise_if_any(message);
+    agree([&] {
+      if (is_root()) f();
+    });
   }
 
   // Opaque handle for io/ (see mpi_native.hpp).

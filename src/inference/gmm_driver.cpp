@@ -833,18 +833,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (!o.heldout.empty())
     res.heldout = heldout_score(comm, model, o.heldout, o.stream, o.chunk_rows, nullptr);
 
-  if (!o.out.empty()) {
-    std::string err;
-    if (comm.is_root()) {
-      try {
-        write_model(model, o, init, res, comm);
-      } catch (const Error& e) {
-        err = e.what();
-      }
-    }
-    comm.broadcast(err, 0);
-    if (!err.empty()) throw Error(err);
-  }
+  if (!o.out.empty()) comm.on_root([&] { write_model(model, o, init, res, comm); });
   if (!o.labels.empty()) write_labels(comm, o.labels, src.shard(), resp, o.save_responsibilities);
   return res;
 }
