@@ -138,6 +138,8 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       if (r.heldout) j["heldout"] = *r.heldout;
       j["converged"] = r.converged;
       j["seconds"] = r.seconds;
+      j["loop_seconds"] = r.loop_seconds;
+      j["allreduce_seconds"] = {r.allreduce_seconds_min, r.allreduce_seconds_max};  // min, max
       j["n"] = r.n;
       j["ranks"] = ctx.comm->size();
       j["threads"] = max_threads();

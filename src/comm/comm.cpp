@@ -84,12 +84,16 @@ void check(int rc, const char* what) {
     throw Error(std::string("MPI ") + what + " failed: " + std::string(msg, len));
   }
 }
+// Wall time inside MPI_Allreduce, summed over the process (Comm::allreduce_seconds).
+double allreduce_wall = 0;
 template <class T>
 void allreduce_chunks(std::span<T> buf, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  const double t0 = MPI_Wtime();
   for (std::size_t off = 0; off < buf.size(); off += kMaxChunk) {
     const int n = static_cast<int>(std::min(kMaxChunk, buf.size() - off));
     check(MPI_Allreduce(MPI_IN_PLACE, buf.data() + off, n, type, op, comm), "allreduce");
   }
+  allreduce_wall += MPI_Wtime() - t0;
 }
 template <class T>
 void bcast_chunks(std::span<T> buf, MPI_Datatype type, int root, MPI_Comm comm) {
@@ -99,6 +103,8 @@ void bcast_chunks(std::span<T> buf, MPI_Datatype type, int root, MPI_Comm comm) 
   }
 }
 }  // namespace
+
+double Comm::allreduce_seconds() { return allreduce_wall; }
 
 void Comm::allreduce_sum(std::span<double> buf) const {
   if (size_ == 1 || buf.empty()) return;

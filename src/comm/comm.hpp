@@ -58,6 +58,10 @@ class Comm {
   std::vector<double> allgatherv(std::span<const double> mine) const;
   void barrier() const;
 
+  // Wall seconds this process has spent inside allreduce calls (any communicator), waiting for
+  // slower ranks included: the performance reports' allreduce share (issue 4).
+  static double allreduce_seconds();
+
   // Error agreement: every rank passes its own error message ("" for none). If any rank has one,
   // every rank throws the same Error, carrying the message of the lowest failing rank. Call it at
   // every point where one rank can fail alone, so that no rank is left waiting in a collective.

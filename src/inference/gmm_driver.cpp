@@ -690,6 +690,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     return std::abs(now - before) / std::max(std::abs(now), 1e-300);
   };
 
+  const double loop_start = elapsed(), allreduce_start = Comm::allreduce_seconds();
   if (o.algorithm != Algorithm::kSvi) {
     // CAVI (Bishop 10.2) or EM (Bishop 9.2): E-step over all rows, one allreduce, M-step.
     for (int it = ck.first_iteration();; ++it) {
@@ -830,6 +831,12 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     res.elbo = model.elbo(stats);
   }
   res.seconds = elapsed();
+  // The allreduce share of the iterations (issue 4): the rank that waits least is closest to the
+  // pure cost of communication, the one that waits most adds the load imbalance.
+  res.loop_seconds = res.seconds - loop_start;
+  const auto waits = comm.allgather(Comm::allreduce_seconds() - allreduce_start);
+  res.allreduce_seconds_min = *std::min_element(waits.begin(), waits.end());
+  res.allreduce_seconds_max = *std::max_element(waits.begin(), waits.end());
   if (!o.heldout.empty())
     res.heldout = heldout_score(comm, model, o.heldout, o.stream, o.chunk_rows, nullptr);
 

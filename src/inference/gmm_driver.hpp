@@ -76,6 +76,8 @@ struct FitResult {
   bool converged = false;
   std::string stop_reason;  // tol | elbo-decreased | max-iter
   double seconds = 0;
+  double loop_seconds = 0;  // the iterations alone (no data bounds, initialisation or output)
+  double allreduce_seconds_min = 0, allreduce_seconds_max = 0;  // of them in allreduce, over ranks
   std::int64_t n = 0;
   std::vector<double> trace;          // per iteration (CAVI/EM) or per SVI step (stochastic ELBO)
   std::vector<double> seconds_trace;  // time of each trace entry (excluding full-ELBO checks)
