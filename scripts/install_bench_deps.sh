@@ -2,6 +2,7 @@
 # Heavy packages needed only by the peer-comparison benchmarks in bench/ (not by the build or
 # the test suite, so CI does not install them). Debian packages only.
 #   python3-torch: bench/vae_vs_torch.sh (PyTorch's CPU VAE)
+#   libopenblas-dev: bench/blas_backend.py (a -DCAVIAR_EIGEN_BLAS=ON build to compare with)
 #   python3-gensim, python3-sklearn, python3-scipy, npm: bench/lda_vs_peers.sh (LdaMulticore,
 #   LatentDirichletAllocation; npm fetches the Spam Assassin corpus)
 set -euo pipefail
@@ -10,4 +11,4 @@ SUDO=""
 $SUDO apt-get update
 DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends \
   python3-torch python3-h5py python3-numpy python3-matplotlib \
-  python3-gensim python3-sklearn python3-scipy npm libopenblas0-pthread
+  python3-gensim python3-sklearn python3-scipy npm libopenblas0-pthread libopenblas-dev
