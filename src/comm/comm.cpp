@@ -104,7 +104,9 @@ void bcast_chunks(std::span<T> buf, MPI_Datatype type, int root, MPI_Comm comm) 
 }
 }  // namespace
 
-double Comm::allreduce_seconds() { return allreduce_wall; }
+double Comm::allreduce_seconds() {
+  return allreduce_wall;
+}
 
 void Comm::allreduce_sum(std::span<double> buf) const {
   if (size_ == 1 || buf.empty()) return;

@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
+#include "inference/block_sum.hpp"
 #include "inference/gmm_checkpoint.hpp"
 #include "inference/init.hpp"
 #include "inference/minibatch.hpp"
@@ -118,23 +119,18 @@ class Source {
   std::int64_t chunk_rows_ = 0;
 };
 
-// Sums per-block vectors exactly over this rank's chunks and then over ranks (core/exact_sum.hpp),
-// so that the result does not depend on the rank count: block(x, r0, r1, out) adds rows [r0, r1)
-// of a chunk (a run of whole global 256-row blocks) to out, in row order.
+// Sums per-block vectors exactly over this rank's chunks and then over ranks (BlockExactSum):
+// block(x, r0, r1, out) adds rows [r0, r1) of a chunk (a run of whole global blocks) to out.
 template <class Block>
 std::vector<double> exact_block_sum(const Comm& comm, const Source& src, std::vector<int> exponents,
                                     Block&& block) {
-  ExactSum sum(std::move(exponents));
-  std::vector<double> part(sum.size());
+  BlockExactSum sum(std::move(exponents));
   src.for_each_chunk([&](const RowMatrix& x, std::int64_t) {
-    for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += kBlockRows) {
-      std::fill(part.begin(), part.end(), 0.0);
-      block(x, r0, std::min<Eigen::Index>(x.rows(), r0 + kBlockRows), part.data());
-      sum.add(part);
-    }
+    sum.add_run(x.rows(), [&](std::int64_t r0, std::int64_t r1, double* out) {
+      block(x, Eigen::Index(r0), Eigen::Index(r1), out);
+    });
   });
-  comm.allreduce_sum(sum.raw());
-  return sum.result();
+  return sum.finish(comm);
 }
 
 // Global mean (and, if asked, covariance) of the data, summed exactly so that the shift c and the

@@ -38,7 +38,7 @@ struct FitOptions {
   std::int64_t batch_size = 512;
   Schedule schedule = Schedule::kRobbinsMonro;
   double omega = 1.0, delta = 0.9, tau0 = 500;
-  bool stream = false;          // read rows from the file per step/chunk; never the whole dataset
+  bool stream = false;  // read rows from the file per step/chunk; never the whole dataset
   // Sum statistics in double in thread and rank order instead of exactly (see Stats): faster,
   // but the last bits of every result then depend on the rank and thread counts.
   bool fast_reduce = false;

@@ -5,6 +5,7 @@
 
 #include "core/exact_sum.hpp"
 #include "core/rng.hpp"
+#include "inference/block_sum.hpp"
 
 namespace caviar {
 
@@ -46,22 +47,16 @@ int c_trials(int k) {
   return std::min(128, 2 + static_cast<int>(std::log(static_cast<double>(k))));
 }
 
-// Sums a `width`-vector over this rank's rows and then over all ranks, exactly: each global
-// 256-row block (x starts at a block boundary) is summed in double in row order, and the blocks
-// on the integer grid of `exponents` (core/exact_sum.hpp), so the result does not depend on the
-// rank count. add_row(i, out) adds local row i's contribution to out.
+// Sums a vector over this rank's rows (x starts at a global block boundary) and then over all
+// ranks, exactly (BlockExactSum): add_row(i, out) adds local row i's contribution to out.
 template <class AddRow>
 std::vector<double> exact_row_sum(const Comm& comm, std::int64_t n, std::vector<int> exponents,
                                   AddRow&& add_row) {
-  ExactSum sum(std::move(exponents));
-  std::vector<double> block(sum.size());
-  for (std::int64_t b = 0; b < n; b += kBlockRows) {
-    std::fill(block.begin(), block.end(), 0.0);
-    for (std::int64_t i = b; i < std::min(n, b + kBlockRows); ++i) add_row(i, block.data());
-    sum.add(block);
-  }
-  comm.allreduce_sum(sum.raw());
-  return sum.result();
+  BlockExactSum sum(std::move(exponents));
+  sum.add_run(n, [&](std::int64_t r0, std::int64_t r1, double* out) {
+    for (std::int64_t i = r0; i < r1; ++i) add_row(i, out);
+  });
+  return sum.finish(comm);
 }
 
 int owner_of(std::int64_t row, std::int64_t n_global, int n_ranks) {
