@@ -32,6 +32,10 @@ struct FitOptions {
   bool stream = false;
   std::int64_t stream_piece_docs = 16 * 256;  // --stream CAVI: documents per read
   std::string out;                            // model file ("" = none)
+  // Checkpoint/resume (inference/lda_checkpoint.hpp): write the complete state to `checkpoint`
+  // every `checkpoint_every` ("N" iterations/steps or "Ts" seconds) and on SIGTERM/SIGUSR1;
+  // continue from `resume`.
+  std::string checkpoint, checkpoint_every, resume;
   std::string command, version;
 };
 
