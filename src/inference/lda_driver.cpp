@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
@@ -195,11 +196,15 @@ double exact_sum(const Comm& comm, std::span<const double> v) {
   if (!std::isfinite(m)) return std::numeric_limits<double>::quiet_NaN();
   std::int64_t n = static_cast<std::int64_t>(v.size());
   comm.allreduce_sum(std::span<std::int64_t>(&n, 1));
-  const double scale = fixed_point_scale(m * static_cast<double>(std::max<std::int64_t>(n, 1)));
-  std::int64_t s = 0;
-  for (double x : v) s += std::llround(x * scale);
-  comm.allreduce_sum(std::span<std::int64_t>(&s, 1));
-  return static_cast<double>(s) / scale;
+  // core/exact_sum.hpp, as the mixtures' sums: one entry on the grid of a bound every rank
+  // computes alike (twice n max|x|, above the sum of the magnitudes whatever the rounding of
+  // the product), summed exactly as 128-bit integers over threads and ranks.
+  const double bound = 2.0 * m * static_cast<double>(std::max<std::int64_t>(n, 1));
+  if (!std::isfinite(bound)) return std::numeric_limits<double>::quiet_NaN();
+  ExactSum acc({bound_exponent(bound)});
+  for (double x : v) acc.add(std::span<const double>(&x, 1));
+  comm.allreduce_sum(acc.raw());
+  return acc.result()[0];
 }
 
 FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {

@@ -108,7 +108,8 @@ RowMatrix true_topics(const GenerateOptions& o);
 // Collective: a corpus from the LDA generative model; document d depends only on (seed, d).
 void generate(const Comm& comm, const GenerateOptions& o);
 
-// Exact order-independent global sum of doubles (int64 fixed point scaled by the global max).
+// Exact order-independent global sum of doubles (core/exact_sum.hpp's ExactSum on the grid of
+// 2 n max|x|, n and max over every rank).
 double exact_sum(const Comm& comm, std::span<const double> v);
 
 }  // namespace caviar::lda
