@@ -15,6 +15,9 @@ struct Context {
   std::string command_line;  // provenance, stored in output files
   bool quiet = false;
   std::function<void()> action;  // set by the chosen subcommand
+  // Set by subcommands that poll SIGTERM/SIGUSR1 at iteration boundaries (checkpoints): main
+  // then keeps the flag-only handlers it installed before MPI_Init (core/signals.hpp).
+  bool stop_signals = false;
 };
 
 // Rank 0 prints the final summary as one JSON line on stdout.

@@ -1,6 +1,9 @@
 // caviar: distributed variational inference. Thin main: parse, run the chosen command, and turn
 // every error into one line and a non-zero exit on every rank.
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #include "app.hpp"
@@ -22,7 +25,15 @@ void print_progress(const Context& ctx, const std::string& line) {
 
 int main(int argc, char** argv) {
   using namespace caviar;
+  // Flag-only SIGTERM/SIGUSR1 handlers before anything else, MPI_Init included (Open MPI's
+  // MPI_Init keeps them: tests/cli/test_early_signal.py): a preemption signal during start-up is
+  // honoured at the first iteration boundary (checkpoint, exit 75) instead of killing the rank.
+  StopSignals::install_early();
+  // Test hook: a signal at a fixed point of the start-up, before or after MPI_Init.
+  const char* test_signal = std::getenv("CAVIAR_TEST_SIGNAL_AT_START");
+  if (test_signal && std::strcmp(test_signal, "before_init") == 0) std::raise(SIGTERM);
   Environment env(argc, argv);
+  if (test_signal && std::strcmp(test_signal, "after_init") == 0) std::raise(SIGTERM);
   const Comm comm = Comm::world();
   app::Context ctx;
   ctx.comm = &comm;
@@ -45,6 +56,9 @@ int main(int argc, char** argv) {
     if (comm.is_root()) return cli.exit(e);
     return e.get_exit_code();
   }
+  // Commands that never poll the flag get the default dispositions back (a signal that came
+  // meanwhile ends the process now).
+  if (!ctx.stop_signals) StopSignals::end_early();
   try {
     ctx.action();
   } catch (const ckpt::Preempted& e) {

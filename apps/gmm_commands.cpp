@@ -96,6 +96,7 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
       "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
   fit->callback([&ctx, o, cov, algorithm, weights, schedule] {
+    ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
     ctx.action = [&ctx, o, cov, algorithm, weights, schedule] {
       o->covariance = gmm::parse_covariance(*cov);
       o->algorithm = gmm::parse_algorithm(*algorithm);

@@ -57,7 +57,20 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
                 "256-document blocks read from the file; CAVI: each iteration reads the rank's "
                 "documents in pieces of 4096 (the fit equals the in-memory one)");
   fit->add_option("--out", o->out, "Model file to write (HDF5)");
+  fit->add_option("--checkpoint", o->checkpoint,
+                  "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
+                  "SIGTERM/SIGUSR1");
+  fit->add_option("--checkpoint-every", o->checkpoint_every,
+                  "N (CAVI iterations, SVI minibatch steps) or Ts (seconds, e.g. 30s) between "
+                  "checkpoints [default: only on a signal]");
+  fit->add_option("--resume", o->resume,
+                  "Continue from this checkpoint (same corpus and options; the result is bitwise "
+                  "that of an uninterrupted run, at any rank and thread count)");
+  fit->footer(
+      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
+      "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
   fit->callback([&ctx, o] {
+    ctx.stop_signals = true;
     ctx.action = [&ctx, o] {
       o->command = ctx.command_line;
       o->version = CAVIAR_VERSION;

@@ -85,6 +85,7 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
       "at a step boundary, after writing --checkpoint if given (resume with --resume).");
   train->callback([&ctx, o, hidden] {
+    ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
     ctx.action = [&ctx, o, hidden] {
       o->hidden = parse_widths(*hidden);
       o->command = ctx.command_line;

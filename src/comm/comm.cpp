@@ -225,6 +225,25 @@ std::vector<double> Comm::allgatherv(std::span<const double> mine) const {
   return out;
 }
 
+std::vector<double> Comm::gatherv(std::span<const double> mine, int root) const {
+  if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
+  const std::vector<std::int64_t> counts = allgather(static_cast<std::int64_t>(mine.size()));
+  std::vector<int> cnt(counts.size()), displ(counts.size());
+  std::int64_t total = 0;
+  for (std::size_t p = 0; p < counts.size(); ++p) {
+    if (total + counts[p] > std::numeric_limits<int>::max())
+      throw Error("gatherv: more than 2^31 values in one call");
+    cnt[p] = static_cast<int>(counts[p]);
+    displ[p] = static_cast<int>(total);
+    total += counts[p];
+  }
+  std::vector<double> out(rank_ == root ? static_cast<std::size_t>(total) : 0);
+  check(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(), cnt.data(),
+                    displ.data(), MPI_DOUBLE, root, unpack(handle_)),
+        "gatherv");
+  return out;
+}
+
 void Comm::barrier() const {
   if (size_ > 1) check(MPI_Barrier(unpack(handle_)), "barrier");
 }

@@ -25,6 +25,15 @@ class StopSignals {
   // For tests: behave as if `sig` had arrived.
   static void raise_for_test(int sig);
 
+  // Process start (main, before MPI_Init): the same flag-only handlers for the whole start-up
+  // (MPI_Init, option parsing, data reading), so that a signal then is not fatal but honoured at
+  // the first iteration boundary. While they are installed, a guard keeps a signal received
+  // before its construction instead of starting clear.
+  static void install_early();
+  // For commands that poll no flag: the dispositions from before install_early() come back, and
+  // a signal received meanwhile is raised again (it ends the process as it would have at once).
+  static void end_early();
+
  private:
   struct sigaction old_term_ {
   }, old_usr1_{};

@@ -16,18 +16,6 @@ namespace {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// FNV-1a, 64 bit: tiny, portable, and byte-order explicit (we feed it little-endian words).
-struct Fnv1a {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  void byte(unsigned char b) {
-    h ^= b;
-    h *= 0x100000001b3ull;
-  }
-  void word(std::uint64_t w) {
-    for (int i = 0; i < 8; ++i) byte(static_cast<unsigned char>(w >> (8 * i)));
-  }
-};
 }  // namespace
 
 Every parse_every(const std::string& s) {
@@ -117,35 +105,56 @@ void Fingerprint::check(const io::FileReader& r, const std::string& file) const 
   }
 }
 
-std::string data_identity(const Comm& comm, const io::DataRef& ref, const io::MatrixShape& shape) {
+void IdentityHash::word(std::uint64_t w) {
+  // FNV-1a, 64 bit: tiny, portable, and byte-order explicit (fed little-endian words).
+  for (int i = 0; i < 8; ++i) {
+    h_ ^= static_cast<unsigned char>(w >> (8 * i));
+    h_ *= 0x100000001b3ull;
+  }
+}
+
+void IdentityHash::value(double v) {
+  std::uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  word(bits);
+}
+
+std::string IdentityHash::hex() const {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h_));
+  return buf;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> identity_windows(std::int64_t rows) {
   constexpr std::int64_t kWindows = 8, kRows = 8;
-  Fnv1a h;
-  h.word(static_cast<std::uint64_t>(shape.rows));
-  h.word(static_cast<std::uint64_t>(shape.cols));
-  const std::int64_t span = std::max<std::int64_t>(0, shape.rows - kRows);
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const std::int64_t span = std::max<std::int64_t>(0, rows - kRows);
   std::int64_t prev_end = 0;
   for (std::int64_t w = 0; w < kWindows; ++w) {
     // Window starts at 0, span/7, ..., span; windows of a small file overlap or coincide, so
     // clip each to the rows after the previous one (the result is then the same on every rank).
     std::int64_t b = span * w / (kWindows - 1);
-    const std::int64_t e = std::min(shape.rows, b + kRows);
+    const std::int64_t e = std::min(rows, b + kRows);
     b = std::max(b, prev_end);
     if (b >= e) continue;
     prev_end = e;
+    out.emplace_back(b, e);
+  }
+  return out;
+}
+
+std::string data_identity(const Comm& comm, const io::DataRef& ref, const io::MatrixShape& shape) {
+  IdentityHash h;
+  h.word(static_cast<std::uint64_t>(shape.rows));
+  h.word(static_cast<std::uint64_t>(shape.cols));
+  for (const auto& [b, e] : identity_windows(shape.rows)) {
     // Every rank reads the same few rows (a collective read of a tiny hyperslab).
     const io::RowMatrix x = io::read_rows(comm, ref, shape, {b, e});
     h.word(static_cast<std::uint64_t>(b));
     for (Eigen::Index i = 0; i < x.rows(); ++i)
-      for (Eigen::Index j = 0; j < x.cols(); ++j) {
-        std::uint64_t bits;
-        const double v = x(i, j);
-        std::memcpy(&bits, &v, sizeof bits);
-        h.word(bits);
-      }
+      for (Eigen::Index j = 0; j < x.cols(); ++j) h.value(x(i, j));
   }
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h.h));
-  return buf;
+  return h.hex();
 }
 
 void add_data(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,

@@ -69,6 +69,20 @@ class Fingerprint {
 // it does not see an edit confined to rows it does not sample.
 std::string data_identity(const Comm& comm, const io::DataRef& ref, const io::MatrixShape& shape);
 
+// The hash and the sampling of data_identity, for inputs that are not a dense matrix (an LDA
+// corpus: lda_checkpoint.cpp), so that every identity is computed the same way.
+class IdentityHash {
+ public:
+  void word(std::uint64_t w);  // FNV-1a (64 bit) over w's 8 bytes, little-endian
+  void value(double v);        // its bits
+  std::string hex() const;     // 16 hex digits
+ private:
+  std::uint64_t h_ = 0xcbf29ce484222325ull;
+};
+// The row ranges data_identity samples from `rows` rows: 8 windows of 8 rows spread evenly, first
+// and last rows included, clipped so that they do not overlap.
+std::vector<std::pair<std::int64_t, std::int64_t>> identity_windows(std::int64_t rows);
+
 // Adds the data's shape and identity to a fingerprint; the path is stored but not compared (a
 // job may copy its input to scratch between runs).
 void add_data(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,

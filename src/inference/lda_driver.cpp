@@ -8,9 +8,11 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
+#include "inference/lda_checkpoint.hpp"
 #include "io/csr.hpp"
 #include "io/h5.hpp"
 
@@ -166,6 +168,13 @@ class BatchReducer {
   }
 
   double mean_rows() const { return calls_ ? rows_ / static_cast<double>(calls_) : 1.0; }
+  // For checkpoints: the running sum behind mean_rows(), and its restoration on resume.
+  double rows_sum() const { return rows_; }
+  std::int64_t calls() const { return calls_; }
+  void restore(double rows, std::int64_t calls) {
+    rows_ = rows;
+    calls_ = calls;
+  }
 
  private:
   int k_;
@@ -187,11 +196,15 @@ double exact_sum(const Comm& comm, std::span<const double> v) {
   if (!std::isfinite(m)) return std::numeric_limits<double>::quiet_NaN();
   std::int64_t n = static_cast<std::int64_t>(v.size());
   comm.allreduce_sum(std::span<std::int64_t>(&n, 1));
-  const double scale = fixed_point_scale(m * static_cast<double>(std::max<std::int64_t>(n, 1)));
-  std::int64_t s = 0;
-  for (double x : v) s += std::llround(x * scale);
-  comm.allreduce_sum(std::span<std::int64_t>(&s, 1));
-  return static_cast<double>(s) / scale;
+  // core/exact_sum.hpp, as the mixtures' sums: one entry on the grid of a bound every rank
+  // computes alike (twice n max|x|, above the sum of the magnitudes whatever the rounding of
+  // the product), summed exactly as 128-bit integers over threads and ranks.
+  const double bound = 2.0 * m * static_cast<double>(std::max<std::int64_t>(n, 1));
+  if (!std::isfinite(bound)) return std::numeric_limits<double>::quiet_NaN();
+  ExactSum acc({bound_exponent(bound)});
+  for (double x : v) acc.add(std::span<const double>(&x, 1));
+  comm.allreduce_sum(acc.raw());
+  return acc.result()[0];
 }
 
 FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
@@ -215,6 +228,10 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     inputs.push_back(held->file);
   }
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
+  // Checkpoint/resume and stop signals (inference/lda_checkpoint.hpp): the handlers are
+  // installed before the corpus is read, so that a signal while reading stops at the first
+  // boundary.
+  Checkpointer ck(comm, o, inputs);
 
   io::CorpusInfo info;
   Corpus corpus;
@@ -278,6 +295,17 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   double eval_seconds = 0;  // held-out evaluation is not part of the fit's time
   double local_seconds = 0, reduce_seconds = 0;
   BatchReducer reducer(info.n_words, o.topics);
+  ck.open(ref, info, o.stream ? &indptr : nullptr, held ? &*held : nullptr, alpha, eta);
+  const Position start = ck.position();
+  ck.restore(model, res);
+  reducer.restore(start.reduced_rows, start.reductions);
+  // The fit's clock continues from the checkpoint's (held-out evaluation is excluded the same
+  // way): elapsed() is what the traces record.
+  if (ck.resuming()) eval_seconds = seconds_since(t0) - ck.elapsed();
+  auto elapsed = [&] { return seconds_since(t0) - eval_seconds; };
+  auto svi_position = [&](int pass, std::int64_t step, std::int64_t t, double pass_tokens) {
+    return Position{pass, step, t, pass_tokens, reducer.rows_sum(), reducer.calls()};
+  };
   auto report = [&](int it, double elbo) {
     const double secs = seconds_since(t0) - eval_seconds;
     double perp = std::numeric_limits<double>::quiet_NaN();
@@ -296,7 +324,24 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     // In memory, one piece: the rank's corpus. Each piece keeps its documents' gammas.
     std::vector<RowMatrix> gammas(o.stream ? cavi_pieces.size() : 1);
     std::vector<double> piece_terms;
-    for (int it = 0;; ++it) {
+    // Resuming after iteration 0: this rank's documents' gammas, whatever rank count wrote them
+    // (collective: every rank reads its own rows).
+    if (!o.stream) {
+      RowMatrix g = ck.gammas(corpus.doc_begin, corpus.doc_begin + corpus.n_docs());
+      if (g.size() > 0) gammas[0] = std::move(g);
+    } else {
+      const std::int64_t a = cavi_pieces.empty() ? 0 : cavi_pieces.front().first;
+      const std::int64_t b = cavi_pieces.empty() ? 0 : cavi_pieces.back().second;
+      const RowMatrix g = ck.gammas(a, b);
+      if (g.size() > 0)
+        for (std::size_t i = 0; i < cavi_pieces.size(); ++i) {
+          const auto [p0, p1] = cavi_pieces[i];
+          gammas[i] = g.middleRows(p0 - a, p1 - p0);
+        }
+    }
+    for (int it = start.iteration;; ++it) {
+      // Iteration boundary: may checkpoint, or stop on a signal (every rank at once).
+      ck.boundary({it, 0, 0, 0, 0, 0}, model, res, elapsed(), gammas, {});
       // Local step warm-started from the previous gammas: every sweep is a coordinate ascent
       // step, so the ELBO can only increase.
       stats.set_zero();
@@ -341,31 +386,35 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     auto block_size = [&](std::int64_t b) {
       return std::min(d_total, (b + 1) * kBlockRows) - b * kBlockRows;
     };
-    std::int64_t t = 0;
-    double tokens = 0;
+    std::int64_t t = start.t;
+    double tokens = start.pass_tokens;
     RowMatrix gamma;
     std::vector<double> pass_terms;
-    std::vector<std::int64_t> start(static_cast<std::size_t>(n_blocks + 1));
-    for (int pass = 0; pass < o.passes; ++pass) {
+    std::vector<std::int64_t> first(static_cast<std::size_t>(n_blocks + 1));
+    for (int pass = start.iteration; pass < o.passes; ++pass) {
       // The visiting order: the blocks in a permutation drawn from (seed, pass); minibatches are
       // consecutive runs of batch_size documents of it, the same for any rank count.
       const auto blocks = pass_order(n_blocks, o.seed, pass);
-      for (std::int64_t i = 0; i < n_blocks; ++i) start[i + 1] = start[i] + block_size(blocks[i]);
-      pass_terms.clear();
-      for (std::int64_t b0 = 0; b0 < d_total; b0 += o.batch_size, ++t) {
+      for (std::int64_t i = 0; i < n_blocks; ++i) first[i + 1] = first[i] + block_size(blocks[i]);
+      // Resuming inside this pass: the minibatches done, and the pass's document terms so far.
+      const bool resumed = ck.resuming() && pass == start.iteration;
+      pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
+      std::int64_t step = resumed ? start.step : 0;
+      for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
+        ck.boundary(svi_position(pass, step, t, tokens), model, res, elapsed(), {}, pass_terms);
         const std::int64_t b1 = std::min(d_total, b0 + o.batch_size), n = b1 - b0;
         // This rank's share of the minibatch: positions [q0, q1), a few contiguous pieces.
         const std::int64_t q0 = b0 + n * comm.rank() / comm.size();
         const std::int64_t q1 = b0 + n * (comm.rank() + 1) / comm.size();
         std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
         if (q1 > q0) {
-          auto i = static_cast<std::int64_t>(std::upper_bound(start.begin(), start.end(), q0) -
-                                             start.begin()) -
+          auto i = static_cast<std::int64_t>(std::upper_bound(first.begin(), first.end(), q0) -
+                                             first.begin()) -
                    1;
-          for (; i < n_blocks && start[i] < q1; ++i) {
-            const std::int64_t first = blocks[i] * kBlockRows;
-            pieces.emplace_back(first + std::max(q0, start[i]) - start[i],
-                                first + std::min(q1, start[i + 1]) - start[i]);
+          for (; i < n_blocks && first[i] < q1; ++i) {
+            const std::int64_t row0 = blocks[i] * kBlockRows;
+            pieces.emplace_back(row0 + std::max(q0, first[i]) - first[i],
+                                row0 + std::min(q1, first[i + 1]) - first[i]);
           }
         }
         // Collective reads: every rank makes as many calls as the rank with the most pieces.
@@ -413,14 +462,18 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   } else {
     const std::int64_t d_total = info.n_docs;
     const std::int64_t lo = corpus.doc_begin, hi = corpus.doc_begin + corpus.n_docs();
-    std::int64_t t = 0;
+    std::int64_t t = start.t;
     RowMatrix gamma;
     std::vector<std::int64_t> local;
     std::vector<double> pass_terms;
-    for (int pass = 0; pass < o.passes; ++pass) {
+    for (int pass = start.iteration; pass < o.passes; ++pass) {
       const auto order = pass_order(d_total, o.seed, pass);
-      pass_terms.clear();
-      for (std::int64_t b0 = 0; b0 < d_total; b0 += o.batch_size, ++t) {
+      // Resuming inside this pass: the minibatches done, and the pass's document terms so far.
+      const bool resumed = ck.resuming() && pass == start.iteration;
+      pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
+      std::int64_t step = resumed ? start.step : 0;
+      for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
+        ck.boundary(svi_position(pass, step, t, 0), model, res, elapsed(), {}, pass_terms);
         const std::int64_t b1 = std::min(d_total, b0 + o.batch_size);
         local.clear();
         for (std::int64_t i = b0; i < b1; ++i)

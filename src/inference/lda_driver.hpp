@@ -32,6 +32,10 @@ struct FitOptions {
   bool stream = false;
   std::int64_t stream_piece_docs = 16 * 256;  // --stream CAVI: documents per read
   std::string out;                            // model file ("" = none)
+  // Checkpoint/resume (inference/lda_checkpoint.hpp): write the complete state to `checkpoint`
+  // every `checkpoint_every` ("N" iterations/steps or "Ts" seconds) and on SIGTERM/SIGUSR1;
+  // continue from `resume`.
+  std::string checkpoint, checkpoint_every, resume;
   std::string command, version;
 };
 
@@ -104,7 +108,8 @@ RowMatrix true_topics(const GenerateOptions& o);
 // Collective: a corpus from the LDA generative model; document d depends only on (seed, d).
 void generate(const Comm& comm, const GenerateOptions& o);
 
-// Exact order-independent global sum of doubles (int64 fixed point scaled by the global max).
+// Exact order-independent global sum of doubles (core/exact_sum.hpp's ExactSum on the grid of
+// 2 n max|x|, n and max over every rank).
 double exact_sum(const Comm& comm, std::span<const double> v);
 
 }  // namespace caviar::lda

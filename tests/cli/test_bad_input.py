@@ -90,6 +90,30 @@ def main():
         if r.returncode != 0:
             print(f"FAIL: setup {' '.join(argv[1:4])} failed:\n{r.stderr}")
             return 1
+    # LDA: two corpora of the same shape, one with another vocabulary size, and a CAVI checkpoint
+    # (K = 3) of the first.
+    for argv in ([caviar, "generate", "lda", "--docs", "300", "--words", "60", "--topics", "3",
+                  "--seed", "1", "--out", p("lda_a.h5")],
+                 [caviar, "generate", "lda", "--docs", "300", "--words", "60", "--topics", "3",
+                  "--seed", "2", "--out", p("lda_b.h5")],
+                 [caviar, "generate", "lda", "--docs", "300", "--words", "70", "--topics", "3",
+                  "--seed", "1", "--out", p("lda_v70.h5")],
+                 [caviar, "-q", "lda", "fit", "--data", p("lda_a.h5"), "--topics", "3",
+                  "--algorithm", "cavi", "--max-iter", "2", "--checkpoint", p("lda_ck.h5"),
+                  "--checkpoint-every", "1"]):
+        r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
+        if r.returncode != 0:
+            print(f"FAIL: setup {' '.join(argv[1:4])} failed:\n{r.stderr}")
+            return 1
+    # The same documents, words and shape with the counts of each entry reversed in order: only
+    # the sampled-documents identity tells it apart.
+    with h5py.File(p("lda_a.h5"), "r") as src, h5py.File(p("lda_same_shape.h5"), "w") as dst:
+        for name in src:
+            v = src[name][()]
+            dst.create_dataset(name, data=v[::-1] if name == "data" else v, dtype=src[name].dtype)
+        for k, v in src.attrs.items():
+            dst.attrs[k] = v
+    lda = lambda data, *rest: [caviar, "lda", "fit", "--data", data, "--algorithm", "cavi"] + list(rest)
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -137,6 +161,14 @@ def main():
         ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),
         ("--checkpoint-every alone", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint-every", "5", "--out", out), "--checkpoint-every needs --checkpoint"),
         ("bad init file", 2, fit(p("good.h5") + ":/X", "-k", "3", "--init", p("good.h5") + ":/X", "--out", out), "expected 600 x 3"),
+        ("lda resume: a gmm checkpoint", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("ck.h5"), "--out", out), "it is a gmm checkpoint"),
+        ("gmm resume: an lda checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("lda_ck.h5"), "--out", out), "it is a lda checkpoint"),
+        ("lda resume: another K", 2, lda(p("lda_a.h5"), "--topics", "4", "--resume", p("lda_ck.h5"), "--out", out), "--topics 3, this run has --topics 4"),
+        ("lda resume: another corpus (shape)", 2, lda(p("lda_b.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "--data (documents x vocabulary x entries) 300x60x"),
+        ("lda resume: another corpus of the same shape", 2, lda(p("lda_same_shape.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "its corpus differs from this run's --data"),
+        ("lda resume: another vocabulary", 2, lda(p("lda_v70.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "vocabulary size V = 60, this run has vocabulary size V = 70"),
+        ("lda resume: another algorithm", 2, [caviar, "lda", "fit", "--data", p("lda_a.h5"), "--algorithm", "svi", "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out], "--algorithm cavi, this run has --algorithm svi"),
+        ("lda checkpoint is the output", 2, lda(p("lda_a.h5"), "--topics", "3", "--checkpoint", out, "--out", out), "--checkpoint and --out name the same file"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []

@@ -32,5 +32,24 @@ TEST(StopSignals, SignalsSetTheFlagAndHandlersAreRestored) {
   EXPECT_EQ(StopSignals::received(), 0);
 }
 
+// main() installs the same handlers before MPI_Init: a signal during start-up survives into the
+// driver's guard, and commands that poll nothing get it back at end_early().
+TEST(StopSignals, EarlySignalSurvivesIntoTheGuardAndIsRaisedAgainAtEndEarly) {
+  g_previous = 0;
+  std::signal(SIGUSR1, &previous_handler);
+  StopSignals::install_early();
+  ASSERT_EQ(std::raise(SIGUSR1), 0);  // "during MPI_Init"
+  EXPECT_EQ(g_previous, 0);
+  {
+    StopSignals guard;
+    EXPECT_EQ(StopSignals::received(), SIGUSR1);
+  }
+  EXPECT_EQ(StopSignals::received(), SIGUSR1);
+  StopSignals::end_early();  // the previous handler again, and the pending signal raised to it
+  EXPECT_EQ(g_previous, SIGUSR1);
+  EXPECT_EQ(StopSignals::received(), 0);
+  std::signal(SIGUSR1, SIG_DFL);
+}
+
 }  // namespace
 }  // namespace caviar

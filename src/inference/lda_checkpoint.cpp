@@ -1,0 +1,253 @@
+#include "inference/lda_checkpoint.hpp"
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+
+namespace caviar::lda {
+
+namespace {
+ckpt::Every checked_every(const Comm& comm, const FitOptions& o,
+                          const std::vector<std::string>& inputs) {
+  ckpt::check_paths(comm, o.checkpoint, o.checkpoint_every, inputs);
+  if (!o.checkpoint.empty() && !o.out.empty() && o.checkpoint == o.out)
+    throw Error("--checkpoint and --out name the same file");
+  if (!o.resume.empty() && o.resume == o.out) throw Error("--resume names the same file as --out");
+  ckpt::check_resume(comm, o.resume);
+  return ckpt::parse_every(o.checkpoint_every);
+}
+
+void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v) {
+  // Empty traces are simply absent (read back as empty).
+  if (!v.empty()) w.write(name, v, {v.size()});
+}
+
+std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
+  return r.has(name) ? r.read(name) : std::vector<double>{};
+}
+
+// The corpus's identity, hashed as ckpt::data_identity hashes a matrix (its windows, its hash):
+// the shape (documents, vocabulary, entries), then the sampled documents' word ids and counts.
+// Collective: every rank reads the same few documents.
+std::string corpus_identity(const Comm& comm, const io::DataRef& ref, const io::CorpusInfo& info,
+                            const std::vector<std::int64_t>& indptr) {
+  ckpt::IdentityHash h;
+  h.word(static_cast<std::uint64_t>(info.n_docs));
+  h.word(static_cast<std::uint64_t>(info.n_words));
+  h.word(static_cast<std::uint64_t>(info.nnz));
+  for (const auto& [b, e] : ckpt::identity_windows(info.n_docs)) {
+    const Corpus c = io::read_corpus_range(comm, ref, indptr, info.n_words, b, e);
+    h.word(static_cast<std::uint64_t>(b));
+    for (std::int64_t d = 0; d < c.n_docs(); ++d) {
+      h.word(static_cast<std::uint64_t>(c.indptr[d + 1] - c.indptr[d]));
+      for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
+        h.word(static_cast<std::uint64_t>(c.words[j]));
+        h.value(c.counts[j]);
+      }
+    }
+  }
+  return h.hex();
+}
+
+void add_corpus(ckpt::Fingerprint& fp, const Comm& comm, const std::string& flag,
+                const io::DataRef& ref, const io::CorpusInfo& info,
+                const std::vector<std::int64_t>* indptr) {
+  std::vector<std::int64_t> read;
+  if (!indptr) {
+    io::CorpusInfo again;
+    read = io::read_indptr(comm, ref, &again);
+    indptr = &read;
+  }
+  fp.add(flag.substr(2) + "_shape",
+         std::to_string(info.n_docs) + "x" + std::to_string(info.n_words) + "x" +
+             std::to_string(info.nnz),
+         flag + " (documents x vocabulary x entries)");
+  fp.add(flag.substr(2) + "_identity", corpus_identity(comm, ref, info, *indptr), flag,
+         "its corpus differs from this run's " + flag + " " + ref.str() +
+             " (hash of sampled documents)");
+}
+}  // namespace
+
+Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
+                           const std::vector<std::string>& inputs)
+    : comm_(comm), o_(o), poller_(comm, checked_every(comm, o, inputs)) {}
+
+void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
+                        const std::vector<std::int64_t>* indptr, const io::DataRef* heldout,
+                        double alpha, double eta) {
+  if (o_.checkpoint.empty() && o_.resume.empty()) return;
+  n_docs_ = info.n_docs;
+  n_words_ = info.n_words;
+  const bool svi = o_.algorithm == "svi";
+  ckpt::Fingerprint fp("lda");
+  fp.add("algorithm", o_.algorithm, "--algorithm");
+  fp.add("topics", static_cast<std::int64_t>(o_.topics), "--topics");
+  fp.add("words", info.n_words, "vocabulary size V =");
+  add_corpus(fp, comm_, "--data", ref, info, indptr);
+  if (heldout) {
+    io::CorpusInfo hi = io::inspect_corpus(comm_, *heldout);
+    add_corpus(fp, comm_, "--heldout", *heldout, hi, nullptr);
+  } else {
+    fp.add("heldout", std::string("none"), "--heldout");
+  }
+  fp.add("alpha", alpha, "--alpha");
+  fp.add("eta", eta, "--eta");
+  fp.add("seed", static_cast<std::int64_t>(o_.seed), "--seed");
+  fp.add("doc_tol", o_.local.tol, "--doc-tol");
+  fp.add("doc_max_iter", static_cast<std::int64_t>(o_.local.max_iter), "--doc-max-iter");
+  // --stream SVI draws other minibatches (runs of 256-document blocks); --stream CAVI equals the
+  // in-memory fit, but is kept apart too (never tested across).
+  fp.add("stream", static_cast<std::int64_t>(o_.stream), "--stream");
+  if (svi) {
+    fp.add("batch_size", static_cast<std::int64_t>(o_.batch_size), "--batch-size");
+    fp.add("tau0", o_.tau0, "--tau0");
+    fp.add("kappa", o_.kappa, "--kappa");
+  }
+  fp_ = std::move(fp);
+  if (o_.resume.empty()) return;
+
+  State s;
+  comm_.agree([&] {
+    const io::FileReader r(o_.resume);
+    fp_->check(r, o_.resume);
+    const std::string bad = "--resume " + o_.resume + ": ";
+    auto num = [&](const char* name) { return r.read_double_attr(name); };
+    s.lambda = r.read("/lambda");
+    if (s.lambda.size() != static_cast<std::size_t>(o_.topics * info.n_words))
+      throw Error(bad + "its topic-word matrix has the wrong size");
+    Position& p = s.pos;
+    p.iteration = static_cast<int>(num("iteration"));
+    p.step = static_cast<std::int64_t>(num("step"));
+    p.t = static_cast<std::int64_t>(num("t"));
+    p.pass_tokens = num("pass_tokens");
+    p.reduced_rows = num("reduced_rows");
+    p.reductions = static_cast<std::int64_t>(num("reductions"));
+    s.elapsed = num("elapsed");
+    s.res.iterations = static_cast<int>(num("iterations"));
+    s.res.sweeps = static_cast<std::int64_t>(num("sweeps"));
+    s.res.tokens = num("tokens");
+    s.res.trace = read_vec(r, "/trace/elbo");
+    s.res.trace_seconds = read_vec(r, "/trace/seconds");
+    s.res.trace_perplexity = read_vec(r, "/trace/perplexity");
+    if (p.iteration < 0 || p.step < 0 || p.t < 0 ||
+        s.res.trace.size() != static_cast<std::size_t>(p.iteration) ||
+        s.res.trace_seconds.size() != s.res.trace.size())
+      throw Error(bad + "its position and traces disagree (corrupt checkpoint?)");
+    if (svi && p.iteration >= o_.passes)
+      throw Error(bad + "it stopped in pass " + std::to_string(p.iteration + 1) +
+                  ", beyond this run's --passes " + std::to_string(o_.passes));
+    if (svi) {
+      s.pass_terms = read_vec(r, "/pass_terms");
+      if (s.pass_terms.size() > static_cast<std::size_t>(info.n_docs))
+        throw Error(bad + "it holds more document terms than the corpus has documents");
+    } else if (p.iteration > 0) {
+      if (!r.has("/gamma")) throw Error(bad + "it lacks the documents' gammas");
+      s.has_gammas = true;
+    }
+  });
+  if (s.has_gammas) {
+    // Collective, and the same verdict on every rank (the same file).
+    const io::MatrixShape g = io::inspect_matrix(comm_, io::DataRef{o_.resume, "/gamma"});
+    if (g.rows != info.n_docs || g.cols != o_.topics)
+      throw Error("--resume " + o_.resume + ": its gammas are not documents x topics");
+  }
+  // The boundary we resume at was the one saved: no need to save it again by count.
+  poller_.skip_count_at(svi ? s.pos.t : s.pos.iteration);
+  state_ = std::move(s);
+}
+
+const Position& Checkpointer::position() const {
+  static const Position start;
+  return resuming() ? state_->pos : start;
+}
+
+void Checkpointer::restore(Model& model, FitResult& res) const {
+  if (!resuming()) return;
+  model.set_lambda(
+      Eigen::Map<const RowMatrix>(state_->lambda.data(), model.n_topics(), model.n_words()));
+  const FitResult& c = state_->res;
+  res.iterations = c.iterations;
+  res.tokens = c.tokens;
+  res.trace = c.trace;
+  res.trace_seconds = c.trace_seconds;
+  res.trace_perplexity = c.trace_perplexity;
+  res.sweeps = comm_.is_root() ? c.sweeps : 0;
+}
+
+RowMatrix Checkpointer::gammas(std::int64_t begin, std::int64_t end) const {
+  if (!resuming() || !state_->has_gammas) return RowMatrix();
+  return io::read_rows(comm_, io::DataRef{o_.resume, "/gamma"}, {n_docs_, o_.topics}, {begin, end});
+}
+
+std::vector<double> Checkpointer::pass_terms() const {
+  return resuming() && comm_.is_root() ? state_->pass_terms : std::vector<double>{};
+}
+
+void Checkpointer::boundary(const Position& pos, const Model& model, const FitResult& res,
+                            double elapsed, std::span<const RowMatrix> gammas,
+                            std::span<const double> pass_terms) {
+  const bool svi = o_.algorithm == "svi";
+  const ckpt::StopPoller::Decision d = poller_.poll(svi ? pos.t : pos.iteration);
+  if (d.save && !o_.checkpoint.empty()) {
+    write(pos, model, res, elapsed, gammas, pass_terms);
+    poller_.saved();
+  }
+  if (d.signal == 0) return;
+  ckpt::stop(d.signal,
+             svi ? "after step " + std::to_string(pos.t) + " (pass " +
+                       std::to_string(pos.iteration) + ", " + std::to_string(pos.step) +
+                       " minibatches of the pass done)"
+                 : "before iteration " + std::to_string(pos.iteration),
+             o_.checkpoint);
+}
+
+void Checkpointer::write(const Position& pos, const Model& model, const FitResult& res,
+                         double elapsed, std::span<const RowMatrix> gammas,
+                         std::span<const double> pass_terms) const {
+  // Collective part: the document sweeps over all ranks, and the per-document state on rank 0.
+  std::int64_t sweeps = res.sweeps;
+  comm_.allreduce_sum(std::span<std::int64_t>(&sweeps, 1));
+  std::vector<double> mine;
+  for (const RowMatrix& g : gammas) mine.insert(mine.end(), g.data(), g.data() + g.size());
+  // Before the first CAVI iteration no rank has gammas yet (that iteration starts cold).
+  const bool with_gammas =
+      o_.algorithm == "cavi" && comm_.allreduce_max(static_cast<std::int64_t>(mine.size())) > 0;
+  const std::vector<double> all_gammas =
+      with_gammas ? comm_.gatherv(mine, 0) : std::vector<double>{};
+  const std::vector<double> all_terms = comm_.gatherv(pass_terms, 0);
+  comm_.on_root([&] {
+    if (with_gammas && all_gammas.size() != static_cast<std::size_t>(n_docs_ * o_.topics))
+      throw Error("checkpoint: gathered " + std::to_string(all_gammas.size()) +
+                  " gamma values, expected documents x topics");
+    io::FileWriter w(o_.checkpoint);
+    fp_->write(w);
+    const RowMatrix lambda = model.lambda();
+    w.write("lambda", std::span<const double>(lambda.data(), lambda.size()),
+            {static_cast<std::uint64_t>(lambda.rows()), static_cast<std::uint64_t>(lambda.cols())});
+    if (with_gammas)
+      w.write("gamma", all_gammas,
+              {static_cast<std::uint64_t>(n_docs_), static_cast<std::uint64_t>(o_.topics)});
+    write_vec(w, "pass_terms", all_terms);
+    write_vec(w, "trace/elbo", res.trace);
+    write_vec(w, "trace/seconds", res.trace_seconds);
+    write_vec(w, "trace/perplexity", res.trace_perplexity);
+    w.attr("iteration", static_cast<std::int64_t>(pos.iteration));
+    w.attr("step", pos.step);
+    w.attr("t", pos.t);
+    w.attr("pass_tokens", pos.pass_tokens);
+    w.attr("reduced_rows", pos.reduced_rows);
+    w.attr("reductions", pos.reductions);
+    w.attr("iterations", static_cast<std::int64_t>(res.iterations));
+    w.attr("sweeps", sweeps);
+    w.attr("tokens", res.tokens);
+    w.attr("elapsed", elapsed);
+    // Provenance only (not compared on resume).
+    w.attr("data", o_.data);
+    w.attr("ranks", static_cast<std::int64_t>(comm_.size()));
+    w.attr("threads", static_cast<std::int64_t>(max_threads()));
+    w.attr("version", o_.version);
+    w.attr("command", o_.command);
+    w.commit();
+  });
+}
+
+}  // namespace caviar::lda

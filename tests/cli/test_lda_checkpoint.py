@@ -1,0 +1,241 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""Preemption of `caviar lda fit` (issue 7, section 2): a real SIGTERM at random points, then
+--resume, must give the same bytes as an uninterrupted run.
+
+Four configurations: CAVI in memory and --stream, SVI in memory (with a held-out corpus, so the
+perplexity trace is checked too) and --stream. For each, one uninterrupted 2-rank run is the
+reference. Then 8 trials (two per configuration, points drawn from a fixed seed) start the same
+fit with --checkpoint, wait for a random progress line plus a random part of an iteration, and
+send SIGTERM to the ranks (as SLURM signals a job step). Checks: exit code 75, exactly one
+"stopped by SIGTERM" line, a checkpoint, no model written. --resume then runs to the end (two
+trials at another rank count, 3 and 1: LDA's results do not depend on it) and the model file
+(every dataset and attribute except timings and provenance) and the JSON summary (except timings
+and the rank count) must equal the reference byte for byte.
+
+Finally --checkpoint-every 5 (SVI steps) without a signal: the outputs are unchanged, and a resume
+from the last checkpoint reproduces the reference.
+
+usage: test_lda_checkpoint.py CAVIAR_BIN WORKDIR
+"""
+import concurrent.futures
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+from clitest import fresh_workdir, mpirun
+
+TIMEOUT = 60
+RANKS = 2
+PROVENANCE = {"command", "ranks", "threads"}
+
+
+def h5_items(path):
+    """{name: payload} for every dataset and attribute, timings and provenance left out."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and "seconds" not in name:
+                v = obj[()]
+                raw = (repr(v.tolist()) if getattr(v, "dtype", None) is not None and
+                       v.dtype.kind == "O" else np.ascontiguousarray(v).tobytes())
+                out["D:" + name] = (np.asarray(v).dtype.str, np.shape(v), raw)
+            for a, v in obj.attrs.items():
+                if a not in PROVENANCE and "seconds" not in a:
+                    out[f"A:{name}@{a}"] = repr(v)
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
+def compare_h5(a, b):
+    ia, ib = h5_items(a), h5_items(b)
+    return [k for k in sorted(set(ia) | set(ib)) if ia.get(k) != ib.get(k)]
+
+
+def summary(stdout):
+    j = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
+    return {k: v for k, v in j.items() if "seconds" not in k and k not in ("ranks", "threads")}
+
+
+def rank_pids(parent):
+    """Pids of the direct children of `parent` (mpirun forks the local ranks itself)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(d))
+    return pids
+
+
+def run(argv, timeout=TIMEOUT):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def main():
+    caviar, work = sys.argv[1], sys.argv[2]
+    p = fresh_workdir(work)
+    t_start = time.time()
+    r = run(mpirun(1) + [caviar, "generate", "lda", "--docs", "2000", "--words", "400", "--topics",
+                         "8", "--seed", "3", "--out", p("corpus.h5"), "--heldout", p("held.h5"),
+                         "--heldout-docs", "200"])
+    if r.returncode != 0:
+        print(f"FAIL: generate lda: {r.stderr}")
+        return 1
+
+    common = ["--topics", "8", "--seed", "4"]
+    configs = {
+        "cavi": common + ["--algorithm", "cavi", "--tol", "0", "--max-iter", "25"],
+        "cavi-stream": common + ["--algorithm", "cavi", "--tol", "0", "--max-iter", "15",
+                                 "--stream"],
+        "svi": common + ["--algorithm", "svi", "--batch-size", "100", "--passes", "8",
+                         "--heldout", p("held.h5")],
+        "svi-stream": common + ["--algorithm", "svi", "--batch-size", "100", "--passes", "4",
+                                "--stream"],
+    }
+
+    def fit_cmd(cfg, tag, extra=(), ranks=RANKS):
+        return mpirun(ranks) + ["--mca", "btl", "self,vader", caviar, "lda", "fit", "--data",
+                                p("corpus.h5")] + configs[cfg] + ["--out", p(f"{tag}_model.h5")
+                                                                   ] + list(extra)
+
+    refs = {}
+    for cfg in configs:
+        t0 = time.time()
+        r = run(fit_cmd(cfg, f"ref_{cfg}"))
+        if r.returncode != 0:
+            print(f"FAIL: reference {cfg} run failed:\n{r.stderr}")
+            return 1
+        lines = [l for l in r.stderr.splitlines() if l.startswith(("iter ", "pass "))]
+        refs[cfg] = (len(lines), summary(r.stdout), time.time() - t0)
+        print(f"reference {cfg}: {len(lines)} progress lines, {time.time() - t0:.2f} s")
+
+    pick = random.Random(20261123)
+    names = list(configs)
+    plan = []
+    for trial in range(8):
+        cfg = names[trial % len(names)]
+        n_lines = refs[cfg][0]
+        after = pick.randint(1, n_lines - 3)
+        # A random part of one progress interval after the line, so that SVI stops inside a pass.
+        delay = pick.uniform(0, 0.8 * refs[cfg][2] / n_lines)
+        resume_ranks = {3: 3, 6: 1}.get(trial, RANKS)
+        plan.append((cfg, after, delay, resume_ranks))
+
+    def run_trial(trial):
+        cfg, after, delay, resume_ranks = plan[trial]
+        tag = f"t{trial}"
+        ck = p(f"{tag}_ck.h5")
+        proc = subprocess.Popen(fit_cmd(cfg, tag, ["--checkpoint", ck]), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        seen, err_lines, sent, targets = 0, [], False, []
+        deadline = time.time() + TIMEOUT
+        for line in proc.stderr:
+            err_lines.append(line.rstrip("\n"))
+            if line.startswith(("iter ", "pass ")):
+                seen += 1
+                if seen == 1:
+                    targets = rank_pids(proc.pid)
+                if seen == after and not sent:
+                    time.sleep(delay)
+                    for pid in targets:
+                        os.kill(pid, signal.SIGTERM)
+                    sent = True
+            if time.time() > deadline:
+                proc.kill()
+                break
+        try:
+            proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return True, f"FAIL trial {trial} ({cfg}): hung after SIGTERM", cfg, None
+        problems = []
+        if len(targets) != RANKS:
+            problems.append(f"found {len(targets)} rank processes under mpirun, want {RANKS}")
+        if proc.returncode != 75:
+            problems.append(f"exit code {proc.returncode}, want 75")
+        stops = [l for l in err_lines if "stopped by SIGTERM" in l]
+        if len(stops) != 1:
+            problems.append(f"{len(stops)} 'stopped by SIGTERM' lines")
+        if not os.path.exists(ck):
+            problems.append("no checkpoint written")
+        if os.path.exists(p(f"{tag}_model.h5")):
+            problems.append("a model file was written by the interrupted run")
+        if problems:
+            return True, (f"FAIL trial {trial} ({cfg}, SIGTERM after line {after}): "
+                          f"{'; '.join(problems)}\n     stderr tail: {' | '.join(err_lines[-4:])}"
+                          ), cfg, None
+        with h5py.File(ck, "r") as f:
+            where = (int(f.attrs["t"]) if cfg.startswith("svi") else int(f.attrs["iteration"]))
+        unit = "step" if cfg.startswith("svi") else "iteration"
+        r = run(fit_cmd(cfg, tag, ["--resume", ck, "--checkpoint", ck], ranks=resume_ranks))
+        if r.returncode != 0:
+            return True, (f"FAIL trial {trial} ({cfg}): resume exited {r.returncode}:\n"
+                          f"{r.stderr[-500:]}"), cfg, where
+        diffs = compare_h5(p(f"ref_{cfg}_model.h5"), p(f"{tag}_model.h5"))
+        if summary(r.stdout) != refs[cfg][1]:
+            diffs.append(f"JSON summary {summary(r.stdout)} != {refs[cfg][1]}")
+        if diffs:
+            return True, (f"FAIL trial {trial} ({cfg}, stopped at {unit} {where}, resumed at "
+                          f"{resume_ranks} ranks): " + "; ".join(diffs[:6])), cfg, where
+        return False, (f"ok   trial {trial} ({cfg}): SIGTERM after progress line {after}, exit 75, "
+                       f"stopped at {unit} {where}, resumed at {resume_ranks} ranks: identical "
+                       f"bytes"), cfg, where
+
+    failures = 0
+    stops = {}
+    # Two trials at a time: much of a launch is waiting, not computing (2 cores here).
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for failed, line, cfg, where in pool.map(run_trial, range(len(plan))):
+            failures += failed
+            print(line, flush=True)
+            if where is not None:
+                stops.setdefault(cfg, []).append(where)
+    print(f"stop points: {stops}")
+
+    # Periodic checkpoints without a signal (every 5 SVI steps): same outputs, and resuming from
+    # the last checkpoint (after the run ended) gives the reference again.
+    ck = p("every_ck.h5")
+    problems = []
+    r = run(fit_cmd("svi", "every", ["--checkpoint", ck, "--checkpoint-every", "5"]))
+    if r.returncode != 0 or not os.path.exists(ck):
+        problems.append(f"exit {r.returncode}, checkpoint exists: {os.path.exists(ck)}")
+    else:
+        problems += compare_h5(p("ref_svi_model.h5"), p("every_model.h5"))
+        with h5py.File(ck, "r") as f:
+            where = int(f.attrs["t"])
+        # 2000 documents in minibatches of 100: 20 steps a pass, 160 in all; the last boundary
+        # that saves by count is before step 155.
+        if where != 155:
+            problems.append(f"last checkpoint after step {where}, want 155")
+        os.remove(p("every_model.h5"))
+        r = run(fit_cmd("svi", "every", ["--resume", ck]))
+        if r.returncode != 0:
+            problems.append(f"resume exited {r.returncode}: {r.stderr[-300:]}")
+        else:
+            problems += compare_h5(p("ref_svi_model.h5"), p("every_model.h5"))
+    if problems:
+        failures += 1
+        print(f"FAIL --checkpoint-every 5 (svi): {'; '.join(problems[:6])}")
+    else:
+        print("ok   --checkpoint-every 5 (svi): last checkpoint after step 155; outputs and "
+              "resumed outputs identical to the reference")
+
+    print(f"{len(plan)} trials + --checkpoint-every: {failures} failed "
+          f"({time.time() - t_start:.1f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
