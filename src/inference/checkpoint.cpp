@@ -78,14 +78,14 @@ void Fingerprint::check(const io::FileReader& r, const std::string& file) const 
     throw Error(where + "not a caviar checkpoint (no 'model' attribute)");
   }
   if (model != model_)
-    throw Error(where + "it is a " + model + " checkpoint or model, not a " + model_ +
-                " checkpoint");
+    throw Error(where + "it was written by " + model + ", not " + model_ + " (a " + model +
+                " checkpoint or model file)");
   std::string text;
   try {
     text = r.read_string_attr("fingerprint");
   } catch (const Error&) {
-    throw Error(where + "it is a " + model + " model file or an older checkpoint, not a " + model_ +
-                " checkpoint (no fingerprint)");
+    throw Error(where + "no fingerprint, so not a checkpoint of this caviar (a " + model +
+                " model file, or a checkpoint of an older version)");
   }
   nlohmann::json j;
   try {
