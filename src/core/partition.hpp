@@ -2,6 +2,15 @@
 // Which global rows a rank owns. Rows are grouped in fixed blocks of kBlockRows whose layout does
 // not depend on the number of ranks; each rank owns a contiguous run of whole blocks. Per-block
 // work (partial sums, random draws) is therefore the same whatever the rank count.
+//
+// What a new model must do to keep results bitwise identical over ranks and threads (issue 7 §1;
+// details in docs/reproducibility.md):
+//  - do per-row work in these blocks, each block by one thread, its rows in order;
+//  - sum across blocks exactly: ExactSum (core/exact_sum.hpp) or BlockExactSum
+//    (inference/block_sum.hpp), on a grid every rank derives from the same global bounds;
+//  - reduce those integers across ranks (never doubles), and combine threads by integer addition;
+//  - key random draws by (seed, stream, global index) with CounterRng, never by rank or thread;
+//  - add the model to tests/cli/test_bitwise.py.
 #include <algorithm>
 #include <cstdint>
 
