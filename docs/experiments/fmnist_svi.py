@@ -10,6 +10,7 @@ Run (appends one record per fit to WORKDIR/results.json as soon as it finishes, 
 already recorded there, so a crash or a kill loses at most the running fit):
 
     fmnist_svi.py [run] CAVIAR WORKDIR [--parts ksweep,batch,stl] [--seeds 1-5] [--stl-seeds 1]
+                      [--methods cavi,svi-rm,svi-adaptive] [--ks 10,20]
                       [--stop-at HH:MM]
 
 Collect (merges the work directories' results into fmnist_results.json and stl_results.json
@@ -201,6 +202,8 @@ def run(a):
     datasets = {}
     for d, m, k, b, s, tr in plan(a.parts.split(","), parse_seeds(a.seeds),
                                  parse_seeds(a.stl_seeds)):
+        if m not in a.methods.split(",") or (a.ks and str(k) not in a.ks.split(",")):
+            continue
         kk = "%s|%s|K%d|B%d|s%d" % (d, m, k, b if m != "cavi" else 0, s)
         if kk in done:
             continue
@@ -342,6 +345,29 @@ def tables(runs, old):
                                            e[0], e[1], h[0], h[1],
                                            np.mean([r["seconds"] for r in rs]),
                                            np.mean([r["iterations"] for r in rs]), stops(rs)))
+    # Time-matched view of Figure 1: when did CAVI pass each SVI run's final full ELBO?
+    tr = [r for r in runs if "trace_seconds" in r]
+    if tr:
+        out.append("\n### Table G. Time-matched, from the traces (same data, K = 30, same seed)\n")
+        out.append("For each SVI run: its final fitting time and full ELBO per point, CAVI's "
+                   "ELBO at that time (same seed), and the time at which CAVI first passed the "
+                   "SVI run's final ELBO. Each run had its own load, so the times are noisy.\n")
+        out.append("| data | seed | SVI schedule | SVI end s | SVI final ELBO | CAVI ELBO at that "
+                   "time | CAVI passes it at s |")
+        out.append("|---|---|---|---|---|---|---|")
+        for v in sorted([r for r in tr if r["method"] != "cavi"],
+                        key=lambda r: (r["data"], r["seed"], r["method"])):
+            cs = [c for c in tr if c["method"] == "cavi" and c["data"] == v["data"]
+                  and c["seed"] == v["seed"] and c["K"] == v["K"]]
+            if not cs:
+                continue
+            c, t, e = cs[0], v["trace_seconds"][-1], v["trace_elbo_per_point"][-1]
+            at = (float(np.interp(t, c["trace_seconds"], c["trace_elbo_per_point"]))
+                  if t >= c["trace_seconds"][0] else float("nan"))
+            cross = [ts for ts, ce in zip(c["trace_seconds"], c["trace_elbo_per_point"]) if ce > e]
+            out.append("| %s | %d | %s | %.1f | %.3f | %.3f | %s |" % (
+                v["data"], v["seed"], NAMES[v["method"]], t, e, at,
+                "%.1f" % cross[0] if cross else "never (within its cap)"))
     loads = [r["load1_start"] for r in runs] + [r["load1_end"] for r in runs]
     out.append("\nAll %d fits: 1-minute load average %.1f–%.1f (median %.1f) on 2 cores." % (
         len(runs), min(loads), max(loads), float(np.median(loads))))
@@ -452,7 +478,12 @@ def collect(a):
     """Merge the work directories' results.json into fmnist_results.json and stl_results.json
     next to this file, and copy the STL-shaped set's stl_info.json."""
     import shutil
-    runs = [r for wd in a.workdirs for r in json.load(open(os.path.join(wd, "results.json")))]
+    runs, seen = [], set()
+    for wd in a.workdirs:
+        for r in json.load(open(os.path.join(wd, "results.json"))):
+            if key(r) not in seen:  # a fit run by two processes counts once (the first)
+                seen.add(key(r))
+                runs.append(r)
     for data, name in (("fmnist", "fmnist_results.json"), ("stl", "stl_results.json")):
         rs = sorted([r for r in runs if r["data"] == data],
                     key=lambda r: (METHODS.index(r["method"]), r["K"], r["B"], r["seed"]))
@@ -473,6 +504,8 @@ def main():
     r.add_argument("--parts", default="ksweep,batch,stl")
     r.add_argument("--seeds", default="1-5")
     r.add_argument("--stl-seeds", default="1-5")
+    r.add_argument("--methods", default=",".join(METHODS))
+    r.add_argument("--ks", default="", help="only these K (comma-separated; default all)")
     r.add_argument("--stop-at", default="", help="UTC HH:MM after which no new fit starts")
     p = sub.add_parser("report")
     p.add_argument("results", nargs="+", help="one or more results.json (merged)")
