@@ -19,15 +19,29 @@ constexpr int kMinExponent = -1074 + kGridBits;
 constexpr std::int64_t kMaxPending = std::int64_t{1} << 22;
 
 // Int128 -> double, a function of the integer alone (so every rank converts identically), within
-// one ulp of the nearest double: hi * 2^64 is exact in long double (64-bit significand), adding lo
-// rounds once there and the conversion to double once more.
+// one ulp of the nearest double: |v| is first rounded to 64 significant bits (to nearest, ties to
+// even) and that to double (the same, via the exact uint64 -> double rounding). This is what
+// converting through x87 long double (64-bit significand) gives, written in integer operations,
+// which cost a fraction of the long double ones (result() runs once per pass over ~K D^2/2
+// entries).
 double to_double(Int128 v) {
   const bool neg = v < 0;
   const UInt128 u = neg ? -static_cast<UInt128>(v) : static_cast<UInt128>(v);
   const auto hi = static_cast<std::uint64_t>(u >> 64);
-  const auto lo = static_cast<std::uint64_t>(u);
-  const long double x = static_cast<long double>(hi) * 0x1p64L + static_cast<long double>(lo);
-  const double d = static_cast<double>(x);
+  double d;
+  if (hi == 0) {
+    d = static_cast<double>(static_cast<std::uint64_t>(u));  // one rounding
+  } else {
+    const int sh = 64 - std::countl_zero(hi);  // bits beyond the top 64: 1..64
+    auto q = static_cast<std::uint64_t>(u >> sh);
+    const UInt128 rem = u & ((UInt128{1} << sh) - 1), half = UInt128{1} << (sh - 1);
+    bool carry_out = false;
+    if (rem > half || (rem == half && (q & 1))) carry_out = ++q == 0;  // q was 2^64 - 1
+    // The value is now q 2^sh (or 2^(64 + sh) on carry), then rounded to double and scaled
+    // exactly (no overflow: it is below 2^128).
+    d = carry_out ? 0x1p64 : static_cast<double>(q);
+    d *= std::bit_cast<double>(static_cast<std::uint64_t>(sh + 1023) << 52);
+  }
   return neg ? -d : d;
 }
 
@@ -110,12 +124,14 @@ ExactSum ExactSum::zeros_like() const {
 
 void ExactSum::set_zero() {
   std::fill(acc_.begin(), acc_.end(), Int128{0});
-  for (auto& l : limb_) std::fill(l.begin(), l.end(), 0);
+  if (pending_ != 0)
+    for (auto& l : limb_) std::fill(l.begin(), l.end(), 0);
   pending_ = 0;
 }
 
 void ExactSum::carry() {
   if (acc_.size() != size()) acc_.assign(size(), 0);
+  if (pending_ == 0) return;  // nothing was added since the last carry: the limbs are zero
   for (std::size_t i = 0; i < acc_.size(); ++i) {
     acc_[i] += (static_cast<Int128>(limb_[0][i]) << 80) + (static_cast<Int128>(limb_[1][i]) << 40) +
                static_cast<Int128>(limb_[2][i]);
@@ -167,6 +183,20 @@ ExactSum& ExactSum::operator+=(const ExactSum& o) {
                (static_cast<Int128>(o.limb_[0][i]) << 80) +
                (static_cast<Int128>(o.limb_[1][i]) << 40) + static_cast<Int128>(o.limb_[2][i]);
   return *this;
+}
+
+void ExactSum::absorb(ExactSum& o) {
+  if (o.exp_ != exp_ && *o.exp_ != *exp_)
+    throw Error("exact sum: adding accumulators on different grids");
+  carry();
+  const bool o_acc = !o.acc_.empty();
+  for (std::size_t i = 0; i < acc_.size(); ++i) {
+    acc_[i] += (o_acc ? o.acc_[i] : Int128{0}) + (static_cast<Int128>(o.limb_[0][i]) << 80) +
+               (static_cast<Int128>(o.limb_[1][i]) << 40) + static_cast<Int128>(o.limb_[2][i]);
+    o.limb_[0][i] = o.limb_[1][i] = o.limb_[2][i] = 0;
+    if (o_acc) o.acc_[i] = 0;
+  }
+  o.pending_ = 0;
 }
 
 void ExactSum::result(std::span<double> out) const {

@@ -59,6 +59,8 @@ class ExactSum {
 
   // Adds another accumulator on the same grid.
   ExactSum& operator+=(const ExactSum& o);
+  // The same, and leaves o zero (one pass over both: for partial sums that are reused).
+  void absorb(ExactSum& o);
 
   // The raw integers, for a reduction over ranks (Comm::allreduce_sum of Int128).
   std::span<Int128> raw() {
@@ -87,7 +89,7 @@ class ExactSum {
   void carry();
   std::vector<Int128> acc_;
   std::vector<std::int64_t> limb_[3];
-  std::int64_t pending_ = 0;  // addends per entry since the last carry (at most)
+  std::int64_t pending_ = 0;  // addends per entry since the last carry (at most); 0: limbs zero
   [[noreturn]] void throw_bad_addend(std::size_t offset, std::span<const double> v) const;
 };
 

@@ -358,3 +358,49 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace caviar::gmm
+
+namespace caviar {
+namespace {
+
+// result() converts each 128-bit sum with integer operations; it must give the bits of the
+// conversion through x87 long double it replaced (round to 64 significant bits, then to double),
+// including at ties and carries.
+double via_long_double(Int128 v) {
+  const bool neg = v < 0;
+  const UInt128 u = neg ? -static_cast<UInt128>(v) : static_cast<UInt128>(v);
+  const long double x =
+      std::ldexp(static_cast<long double>(static_cast<std::uint64_t>(u >> 64)), 64) +
+      static_cast<long double>(static_cast<std::uint64_t>(u));
+  const double d = static_cast<double>(x);
+  return neg ? -d : d;
+}
+
+TEST(ExactSum, ResultConvertsAsLongDoubleDid) {
+  std::mt19937_64 gen(13);
+  std::vector<Int128> values;
+  for (int i = 0; i < 20000; ++i) {
+    const int bits = 1 + static_cast<int>(gen() % 126);
+    UInt128 u = (static_cast<UInt128>(gen()) << 64) | gen();
+    u >>= 128 - bits;
+    if (i % 4 == 1) u |= (UInt128{1} << (bits > 66 ? bits - 66 : 0)) - 1;  // long runs of ones
+    if (i % 4 == 2 && bits > 66) {  // exact ties at the 64-bit rounding
+      const int sh = bits - 64;
+      u = (u >> sh << sh) | (UInt128{1} << (sh - 1));
+    }
+    values.push_back(gen() & 1 ? -static_cast<Int128>(u) : static_cast<Int128>(u));
+  }
+  for (int sh = 1; sh <= 62; ++sh) {  // 2^64 - 1 carried into 2^64 at each position
+    const UInt128 u = ((UInt128{1} << 64) - 1) << sh | (UInt128{1} << (sh - 1)) | 1;
+    values.push_back(static_cast<Int128>(u));
+  }
+  ExactSum s(std::vector<int>(values.size(), 118));  // grid 2^0: result() = the integers
+  std::copy(values.begin(), values.end(), s.raw().begin());
+  const auto r = s.result();
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double want = via_long_double(values[i]);
+    EXPECT_EQ(std::memcmp(&r[i], &want, sizeof(double)), 0) << "value " << i;
+  }
+}
+
+}  // namespace
+}  // namespace caviar

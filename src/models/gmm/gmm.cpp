@@ -135,10 +135,15 @@ constexpr int kMaxFeatureDim = 32;
 // kQueueBlocks x 256 x (D + K) doubles per thread (3.6 MB at D = 192, K = 30).
 constexpr int kQueueBlocks = 8;
 
-// A thread's running sums and scratch. Each block's statistics are formed in double and then
-// added: into an ExactSum (exact mode: the order of blocks, and of the pieces of a block, is then
-// irrelevant), or into the double sums `sum` (fast mode: every entry receives the blocks' values
-// in the thread's block order, as one whole-block add would do).
+}  // namespace
+
+namespace detail {
+
+// A thread's running sums and scratch, kept from pass to pass in the Stats they feed (see
+// Stats::pass_scratch). Each block's statistics are formed in double and then added: into an
+// ExactSum (exact mode: the order of blocks, and of the pieces of a block, is then irrelevant), or
+// into the double sums `sum` (fast mode: every entry receives the blocks' values in the thread's
+// block order, as one whole-block add would do). Between passes the sums are zero.
 struct Accumulator {
   std::vector<double> sum;
   std::optional<ExactSum> exact;
@@ -152,13 +157,22 @@ struct Accumulator {
   std::vector<RowMatrix> queued_x, queued_r;  // queued blocks: centred rows, responsibilities^T
   int queued = 0;
 
-  explicit Accumulator(const Stats& s) {
+  // Makes the sums fit s (its size and mode; exact: its grid), allocating only on a change.
+  void fit(Stats& s) {
+    const std::size_t size = s.buffer().size();
     const bool large = s.moment_size() > std::size_t(s.dim()) && s.dim() > kMaxFeatureDim;
-    if (!large) block.assign(s.buffer().size(), 0.0);
-    if (s.exact())
-      exact.emplace(s.exact_part().sum.zeros_like());
-    else
-      sum.assign(s.buffer().size(), 0.0);
+    if (large)
+      block.clear();
+    else if (block.size() != size)
+      block.assign(size, 0.0);
+    if (s.exact()) {
+      sum.clear();
+      const ExactSum& grid = s.exact_part().sum;
+      if (!exact || &exact->exponents() != &grid.exponents()) exact.emplace(grid.zeros_like());
+    } else {
+      exact.reset();
+      if (sum.size() != size) sum.assign(size, 0.0);
+    }
   }
 
   // Adds v to entries [offset, offset + v.size()) of the sums (exact: within a prepare()d round).
@@ -243,32 +257,79 @@ struct Accumulator {
     queued = 0;
   }
 
-  void flush_into(Stats& s) const {
+  // Adds the sums into s and leaves them zero for the next pass.
+  void flush_into(Stats& s) {
     if (exact) {
-      s.exact_part().sum += *exact;
+      s.exact_part().sum.absorb(*exact);
       auto& ln = s.exact_part().block_log_norms;
       ln.insert(ln.end(), block_log_norms.begin(), block_log_norms.end());
+      block_log_norms.clear();
     } else {
-      for (std::size_t i = 0; i < sum.size(); ++i) s.buffer()[i] += sum[i];
+      double* out = s.buffer().data();
+      for (std::size_t i = 0; i < sum.size(); ++i) {
+        out[i] += sum[i];
+        sum[i] = 0.0;
+      }
     }
   }
 };
 
+struct PassScratch {
+  std::vector<Accumulator> acc;  // one per thread
+};
+
+ScratchSlot::ScratchSlot() = default;
+ScratchSlot::~ScratchSlot() = default;
+ScratchSlot::ScratchSlot(const ScratchSlot&) {}
+ScratchSlot& ScratchSlot::operator=(const ScratchSlot&) {
+  p_.reset();
+  return *this;
+}
+ScratchSlot::ScratchSlot(ScratchSlot&&) noexcept = default;
+ScratchSlot& ScratchSlot::operator=(ScratchSlot&&) noexcept = default;
+PassScratch& ScratchSlot::get() {
+  if (!p_) p_ = std::make_unique<PassScratch>();
+  return *p_;
+}
+void ScratchSlot::reset() {
+  p_.reset();
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Accumulator;
+
 // Runs body(acc, r0, r1) over blocks of rows on all threads, then adds the thread sums into
 // stats (exact: in any order; fast: in thread order, a fixed order for a fixed thread count).
+// The accumulators live in stats (sized on each thread's first block, so that each thread first
+// touches its own); after an error they are dropped, since they may hold part of a pass.
 template <class Body>
 void for_blocks(Index n_rows, Stats& stats, Body&& body) {
   const int n_threads =
       std::max(1, std::min<int>(max_threads(), (n_rows + kBlockRows - 1) / kBlockRows));
-  std::vector<Accumulator> acc;
-  acc.reserve(n_threads);
-  for (int t = 0; t < n_threads; ++t) acc.emplace_back(stats);
-  parallel_blocks(n_rows, kBlockRows, n_threads,
-                  [&](int t, std::int64_t r0, std::int64_t r1) { body(acc[t], r0, r1); });
-  // Each thread's queued blocks, one accumulator per thread again.
-  parallel_blocks(n_threads, 1, n_threads,
-                  [&](int, std::int64_t i, std::int64_t) { acc[std::size_t(i)].drain(); });
-  for (const auto& a : acc) a.flush_into(stats);
+  auto& acc = stats.pass_scratch().acc;
+  if (acc.size() < std::size_t(n_threads)) acc.resize(std::size_t(n_threads));
+  try {
+    std::vector<char> fitted(std::size_t(n_threads), 0);
+    parallel_blocks(n_rows, kBlockRows, n_threads, [&](int t, std::int64_t r0, std::int64_t r1) {
+      if (!fitted[std::size_t(t)]) {
+        acc[std::size_t(t)].fit(stats);
+        fitted[std::size_t(t)] = 1;
+      }
+      body(acc[std::size_t(t)], r0, r1);
+    });
+    // Each thread's queued blocks, one accumulator per thread again.
+    parallel_blocks(n_threads, 1, n_threads, [&](int, std::int64_t i, std::int64_t) {
+      if (fitted[std::size_t(i)]) acc[std::size_t(i)].drain();
+    });
+    for (int t = 0; t < n_threads; ++t)
+      if (fitted[std::size_t(t)]) acc[std::size_t(t)].flush_into(stats);
+  } catch (...) {
+    acc.clear();
+    throw;
+  }
 }
 
 }  // namespace
