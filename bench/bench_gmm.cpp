@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "models/gmm/gmm.hpp"
 
@@ -136,6 +137,29 @@ void Scatter(benchmark::State& state, Covariance cov) {
                (cov == Covariance::kFull ? 1.0 * s.d * s.d : 2.0 * s.d) * double(s.n) * s.k);
 }
 
+// The exact-sum kernel alone (core/exact_sum.hpp): one addend per entry into `entries` entries,
+// the size of one component's second moments at D = 192 (18721, in cache) and of a whole block's
+// statistics at (D, K) = (192, 30) (561660, streaming from memory). "entries/s" is the rate.
+void ExactSumAdd(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::vector<int> e(n);
+  std::vector<double> v(n);
+  std::mt19937_64 gen(1);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    e[i] = 20 + static_cast<int>(i % 7);
+    v[i] = u(gen) * 1000.0;
+  }
+  caviar::ExactSum s(e);
+  for (auto _ : state) {
+    s.add(v);
+    benchmark::ClobberMemory();
+  }
+  state.counters["entries/s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n),
+                         benchmark::Counter::kIsRate);
+}
+
 // The machine's yardstick: Eigen's DGEMM (the library caviar's kernels use), one independent
 // 1536^3 product per thread at once, so the rate is that of all the cores this process may use.
 void Dgemm(benchmark::State& state) {
@@ -160,6 +184,7 @@ void Dgemm(benchmark::State& state) {
 
 }  // namespace
 
+BENCHMARK(ExactSumAdd)->Arg(18721)->Arg(561660);
 BENCHMARK(Dgemm)->Arg(1536)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2);
 BENCHMARK_CAPTURE(CaviIteration, full, Covariance::kFull)
     ->ArgsProduct({{0, 1, 2}, {0, 1}})

@@ -1,5 +1,6 @@
 #include "core/exact_sum.hpp"
 
+#include <bit>
 #include <cmath>
 #include <string>
 
@@ -11,21 +12,87 @@ namespace {
 // Grid exponent below the bound: addends are < 2^118 grid units, so even the total of all of them
 // (< 2^118 units by the bound) leaves 9 bits of headroom below Int128's 2^127.
 constexpr int kGridBits = 118;
-constexpr double kMaxUnits = 0x1p118;
 // The finest grid is 2^-1074, double's smallest subnormal: below it nothing is representable.
 constexpr int kMinExponent = -1074 + kGridBits;
+// Carry the int64 limbs into 128 bits after this many addends per entry: each adds a piece of
+// magnitude < 2^40, so the limbs stay below 2^62.
+constexpr std::int64_t kMaxPending = std::int64_t{1} << 22;
 
 // Int128 -> double, a function of the integer alone (so every rank converts identically), within
-// one ulp of the nearest double: hi * 2^64 is exact in long double (64-bit significand), adding lo
-// rounds once there and the conversion to double once more.
+// one ulp of the nearest double: |v| is first rounded to 64 significant bits (to nearest, ties to
+// even) and that to double (the same, via the exact uint64 -> double rounding). This is what
+// converting through x87 long double (64-bit significand) gives, written in integer operations,
+// which cost a fraction of the long double ones (result() runs once per pass over ~K D^2/2
+// entries).
 double to_double(Int128 v) {
   const bool neg = v < 0;
   const UInt128 u = neg ? -static_cast<UInt128>(v) : static_cast<UInt128>(v);
   const auto hi = static_cast<std::uint64_t>(u >> 64);
-  const auto lo = static_cast<std::uint64_t>(u);
-  const long double x = std::ldexp(static_cast<long double>(hi), 64) + static_cast<long double>(lo);
-  const double d = static_cast<double>(x);
+  double d;
+  if (hi == 0) {
+    d = static_cast<double>(static_cast<std::uint64_t>(u));  // one rounding
+  } else {
+    const int sh = 64 - std::countl_zero(hi);  // bits beyond the top 64: 1..64
+    auto q = static_cast<std::uint64_t>(u >> sh);
+    const UInt128 rem = u & ((UInt128{1} << sh) - 1), half = UInt128{1} << (sh - 1);
+    bool carry_out = false;
+    if (rem > half || (rem == half && (q & 1))) carry_out = ++q == 0;  // q was 2^64 - 1
+    // The value is now q 2^sh (or 2^(64 + sh) on carry), then rounded to double and scaled
+    // exactly (no overflow: it is below 2^128).
+    d = carry_out ? 0x1p64 : static_cast<double>(q);
+    d *= std::bit_cast<double>(static_cast<std::uint64_t>(sh + 1023) << 52);
+  }
   return neg ? -d : d;
+}
+
+// The grid 2^(e - 118) of exponent e (in [-956, 1024]), built from its bits when it is a normal
+// double (std::ldexp would cost more than the rest of result()).
+double grid(int e) {
+  const int g = e - kGridBits;
+  if (g < -1022) return std::ldexp(1.0, g);  // subnormal
+  return std::bit_cast<double>(static_cast<std::uint64_t>(g + 1023) << 52);
+}
+
+// The kernel: adds v[i] to entry i's limbs on the grid 2^(e[i] - 118), for i < n. Returns nonzero
+// if some addend is not finite or not below 2^e[i] (its entry is then left unchanged).
+//
+// Written so that GCC vectorises it without -ffast-math: no floor/trunc calls (their vector forms
+// need -fno-trapping-math), no floating-point comparisons (bit tests instead), conversions to int64
+// (AVX-512DQ vcvttpd2qq) for the truncations.
+std::uint64_t add_kernel(const double* __restrict v, const int* __restrict e,
+                         std::int64_t* __restrict l0, std::int64_t* __restrict l1,
+                         std::int64_t* __restrict l2, std::size_t n) {
+  std::uint64_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    // units = v 2^(118 - e), exact: a power-of-two scaling that |v| < 2^e keeps below 2^118. The
+    // scale is built from its exponent bits, as two factors since 2^(118 - e) exceeds double's
+    // range for e < -905 (the first factor is >= 1 whenever the second is > 1, so nothing
+    // underflows in between; only when e > 118 can the product be subnormal, and then it is below
+    // one grid unit anyway). e is in [-956, 1024] (checked at construction), so both biased
+    // exponents below are in [117, 2023].
+    const std::int64_t s = kGridBits - static_cast<std::int64_t>(e[i]);
+    const std::int64_t s1 = s < 1000 ? s : 1000;
+    const double f1 = std::bit_cast<double>(static_cast<std::uint64_t>(s1 + 1023) << 52);
+    const double f2 = std::bit_cast<double>(static_cast<std::uint64_t>(s - s1 + 1023) << 52);
+    const std::uint64_t bits = std::bit_cast<std::uint64_t>(v[i] * f1 * f2);
+    // |units| >= 2^118, Inf or NaN: the biased exponent field is >= 1023 + 118.
+    const std::uint64_t big = ((bits >> 52) & 0x7ff) >= 1023 + kGridBits;
+    bad |= big;
+    const double u = std::bit_cast<double>(bits & (big - 1));  // 0 if big
+    // Truncation toward zero, split as trunc(u) = h 2^80 + m 2^40 + l with pieces of u's sign:
+    // h = trunc(u 2^-80) (|h| < 2^38); r1 = u - h 2^80 is exact (both are multiples of ulp(u),
+    // which is at most 2^65, and |r1| <= |u|), and |r1| < 2^80; likewise m = trunc(r1 2^-40),
+    // r2 = r1 - m 2^40 exactly, |r2| < 2^40, and l = trunc(r2). The only rounding is the final
+    // truncation of the fraction: a function of v alone.
+    const auto h = static_cast<std::int64_t>(u * 0x1p-80);
+    const double r1 = u - static_cast<double>(h) * 0x1p80;
+    const auto m = static_cast<std::int64_t>(r1 * 0x1p-40);
+    const double r2 = r1 - static_cast<double>(m) * 0x1p40;
+    l0[i] += h;
+    l1[i] += m;
+    l2[i] += static_cast<std::int64_t>(r2);
+  }
+  return bad;
 }
 }  // namespace
 
@@ -40,30 +107,31 @@ int bound_exponent(double bound) {
   return std::max(e, kMinExponent);
 }
 
-ExactSum::ExactSum(std::vector<int> exponents)
-    : exp_(std::move(exponents)),
-      up_(exp_.size()),
-      up2_(exp_.size()),
-      down_(exp_.size()),
-      acc_(exp_.size(), 0) {
-  for (auto& l : limb_) l.assign(exp_.size(), 0);
-  for (std::size_t i = 0; i < exp_.size(); ++i) {
-    if (exp_[i] > 1024 || exp_[i] < kMinExponent)
-      throw Error("exact sum: exponent " + std::to_string(exp_[i]) + " out of range");
-    const int up = kGridBits - exp_[i];
-    up_[i] = std::ldexp(1.0, std::min(up, 1000));
-    up2_[i] = std::ldexp(1.0, up - std::min(up, 1000));
-    down_[i] = std::ldexp(1.0, exp_[i] - kGridBits);
-  }
+ExactSum::ExactSum(std::vector<int> exponents) {
+  for (int e : exponents)
+    if (e > 1024 || e < kMinExponent)
+      throw Error("exact sum: exponent " + std::to_string(e) + " out of range");
+  for (auto& l : limb_) l.assign(exponents.size(), 0);
+  exp_ = std::make_shared<const std::vector<int>>(std::move(exponents));
+}
+
+ExactSum ExactSum::zeros_like() const {
+  ExactSum z;
+  z.exp_ = exp_;
+  for (auto& l : z.limb_) l.assign(size(), 0);
+  return z;
 }
 
 void ExactSum::set_zero() {
   std::fill(acc_.begin(), acc_.end(), Int128{0});
-  for (auto& l : limb_) std::fill(l.begin(), l.end(), 0);
+  if (pending_ != 0)
+    for (auto& l : limb_) std::fill(l.begin(), l.end(), 0);
   pending_ = 0;
 }
 
 void ExactSum::carry() {
+  if (acc_.size() != size()) acc_.assign(size(), 0);
+  if (pending_ == 0) return;  // nothing was added since the last carry: the limbs are zero
   for (std::size_t i = 0; i < acc_.size(); ++i) {
     acc_[i] += (static_cast<Int128>(limb_[0][i]) << 80) + (static_cast<Int128>(limb_[1][i]) << 40) +
                static_cast<Int128>(limb_[2][i]);
@@ -73,72 +141,79 @@ void ExactSum::carry() {
 }
 
 void ExactSum::add(std::span<const double> v) {
-  if (v.size() != acc_.size()) throw Error("exact sum: size mismatch");
+  if (v.size() != size()) throw Error("exact sum: size mismatch");
   add_at(0, v);
 }
 
 void ExactSum::add_at(std::size_t offset, std::span<const double> v) {
-  if (offset + v.size() > acc_.size()) throw Error("exact sum: range out of bounds");
-  if (pending_ >= (std::int64_t{1} << 22)) carry();
-  ++pending_;
-  const double* up = up_.data() + offset;
-  const double* up2 = up2_.data() + offset;
-  std::int64_t* l0 = limb_[0].data() + offset;
-  std::int64_t* l1 = limb_[1].data() + offset;
-  std::int64_t* l2 = limb_[2].data() + offset;
-  bool ok = true;
-  const std::size_t n = v.size();
-#pragma omp simd reduction(&& : ok)
-  for (std::size_t i = 0; i < n; ++i) {
-    // v * 2^(118-e) is exact: a power-of-two scaling that |v| < 2^e keeps below 2^118 (the first
-    // factor is >= 1 whenever there is a second, so nothing underflows in between); only when
-    // e > 118 can the product be subnormal, and then it is below one grid unit anyway.
-    const double units = v[i] * up[i] * up2[i];
-    const bool in_range = std::abs(units) < kMaxUnits;  // false for NaN and Inf too
-    ok = ok && in_range;
-    // Truncation toward zero (a function of v[i] alone), then |t| = h 2^80 + m 2^40 + l exactly:
-    // each step removes the top bits of an integer-valued double, and what is left is a multiple
-    // of its ulp below 2^80 (resp. 2^40), so it has at most 53 significant bits.
-    const double t = std::abs(std::trunc(in_range ? units : 0.0));
-    const double h = std::floor(t * 0x1p-80);
-    const double r = t - h * 0x1p80;
-    const double m = std::floor(r * 0x1p-40);
-    const double l = r - m * 0x1p40;
-    const double sign = units < 0 ? -1.0 : 1.0;
-    l0[i] += static_cast<std::int64_t>(sign * h);
-    l1[i] += static_cast<std::int64_t>(sign * m);
-    l2[i] += static_cast<std::int64_t>(sign * l);
+  prepare(1);
+  add_range(offset, v);
+}
+
+void ExactSum::prepare(std::int64_t count) {
+  if (count < 0 || count > kMaxPending) throw Error("exact sum: bad number of addends");
+  if (pending_ + count > kMaxPending) carry();
+  pending_ += count;
+}
+
+void ExactSum::add_range(std::size_t offset, std::span<const double> v) {
+  if (offset > size() || v.size() > size() - offset) throw Error("exact sum: range out of bounds");
+  if (add_kernel(v.data(), exp_->data() + offset, limb_[0].data() + offset,
+                 limb_[1].data() + offset, limb_[2].data() + offset, v.size()) != 0)
+    throw_bad_addend(offset, v);
+}
+
+void ExactSum::throw_bad_addend(std::size_t offset, std::span<const double> v) const {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const int e = (*exp_)[offset + i];
+    if (!(std::abs(v[i]) < std::ldexp(1.0, e)))  // 2^1024 is Inf: then only non-finite v fails
+      throw Error("exact sum: addend " + std::to_string(v[i]) + " of entry " +
+                  std::to_string(offset + i) + " is not finite or exceeds its bound 2^" +
+                  std::to_string(e));
   }
-  if (!ok) {
-    for (std::size_t i = 0; i < n; ++i)
-      if (!(std::abs(v[i] * up[i] * up2[i]) < kMaxUnits))
-        throw Error("exact sum: addend " + std::to_string(v[i]) + " of entry " +
-                    std::to_string(offset + i) + " is not finite or exceeds its bound 2^" +
-                    std::to_string(exp_[offset + i]));
-  }
+  throw Error("exact sum: an addend is not finite or exceeds its bound");
 }
 
 ExactSum& ExactSum::operator+=(const ExactSum& o) {
-  if (o.exp_ != exp_) throw Error("exact sum: adding accumulators on different grids");
+  if (o.exp_ != exp_ && *o.exp_ != *exp_)
+    throw Error("exact sum: adding accumulators on different grids");
   carry();
   for (std::size_t i = 0; i < acc_.size(); ++i)
-    acc_[i] += o.acc_[i] + (static_cast<Int128>(o.limb_[0][i]) << 80) +
+    acc_[i] += (o.acc_.empty() ? Int128{0} : o.acc_[i]) +
+               (static_cast<Int128>(o.limb_[0][i]) << 80) +
                (static_cast<Int128>(o.limb_[1][i]) << 40) + static_cast<Int128>(o.limb_[2][i]);
   return *this;
 }
 
-void ExactSum::result(std::span<double> out) const {
-  if (out.size() != acc_.size()) throw Error("exact sum: size mismatch");
-  // to_double rounds once; the scaling by a power of two is exact (the grid is a normal double).
+void ExactSum::absorb(ExactSum& o) {
+  if (o.exp_ != exp_ && *o.exp_ != *exp_)
+    throw Error("exact sum: adding accumulators on different grids");
+  carry();
+  const bool o_acc = !o.acc_.empty();
   for (std::size_t i = 0; i < acc_.size(); ++i) {
-    const Int128 v = acc_[i] + (static_cast<Int128>(limb_[0][i]) << 80) +
+    acc_[i] += (o_acc ? o.acc_[i] : Int128{0}) + (static_cast<Int128>(o.limb_[0][i]) << 80) +
+               (static_cast<Int128>(o.limb_[1][i]) << 40) + static_cast<Int128>(o.limb_[2][i]);
+    o.limb_[0][i] = o.limb_[1][i] = o.limb_[2][i] = 0;
+    if (o_acc) o.acc_[i] = 0;
+  }
+  o.pending_ = 0;
+}
+
+void ExactSum::result(std::span<double> out) const {
+  if (out.size() != size()) throw Error("exact sum: size mismatch");
+  // to_double rounds once; the scaling by a power of two is exact unless the result is subnormal
+  // (then it rounds once more, as any double arithmetic would there).
+  const int* e = exp_->data();
+  for (std::size_t i = 0; i < size(); ++i) {
+    const Int128 v = (acc_.empty() ? Int128{0} : acc_[i]) +
+                     (static_cast<Int128>(limb_[0][i]) << 80) +
                      (static_cast<Int128>(limb_[1][i]) << 40) + static_cast<Int128>(limb_[2][i]);
-    out[i] = to_double(v) * down_[i];
+    out[i] = to_double(v) * grid(e[i]);
   }
 }
 
 std::vector<double> ExactSum::result() const {
-  std::vector<double> out(acc_.size());
+  std::vector<double> out(size());
   result(out);
   return out;
 }

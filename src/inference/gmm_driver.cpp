@@ -208,8 +208,10 @@ void reduce(const Comm* comm, Stats& s, std::int64_t n_rows) {
   ExactSum ln({ok ? bound_exponent(2 * max_blocks * mx) : 0});
   if (ok)
     for (double v : part.block_log_norms) ln.add(std::span<const double>(&v, 1));
-  std::vector<Int128> raw(part.sum.raw().begin(), part.sum.raw().end());
-  raw.push_back(ln.raw()[0]);
+  std::vector<Int128>& raw = part.wire;  // reused: fresh megabytes each pass cost page faults
+  raw.resize(part.sum.size() + 1);
+  std::copy(part.sum.raw().begin(), part.sum.raw().end(), raw.begin());
+  raw.back() = ln.raw()[0];
   if (comm) comm->allreduce_sum(raw);
   std::copy(raw.begin(), raw.end() - 1, part.sum.raw().begin());
   ln.raw()[0] = raw.back();

@@ -127,25 +127,62 @@ namespace {
 // packed features of a block would no longer fit in cache).
 constexpr int kMaxFeatureDim = 32;
 
-// A thread's running sums and scratch. Each block's statistics are formed whole in `block`
-// (Stats layout) and then added: into an ExactSum (exact mode: the order of blocks is then
-// irrelevant), or into the double sums `sum` (fast mode).
+// Above kMaxFeatureDim, a thread queues this many blocks (their centred rows and responsibilities)
+// and then forms their second moments component by component: component k's sums (D(D+1)/2
+// entries; with exact sums, three int64 limbs each: 450 KB at D = 192) are then touched by the
+// queued blocks one after another while they are in cache, instead of the whole K-component
+// accumulator (13.5 MB at D = 192, K = 30) streaming through memory once per block. Costs
+// kQueueBlocks x 256 x (D + K) doubles per thread (3.6 MB at D = 192, K = 30).
+constexpr int kQueueBlocks = 8;
+
+}  // namespace
+
+namespace detail {
+
+// A thread's running sums and scratch, kept from pass to pass in the Stats they feed (see
+// Stats::pass_scratch). Each block's statistics are formed in double and then added: into an
+// ExactSum (exact mode: the order of blocks, and of the pieces of a block, is then irrelevant), or
+// into the double sums `sum` (fast mode: every entry receives the blocks' values in the thread's
+// block order, as one whole-block add would do). Between passes the sums are zero.
 struct Accumulator {
   std::vector<double> sum;
   std::optional<ExactSum> exact;
   std::vector<double> block_log_norms;
-  std::vector<double> block;
+  std::vector<double> block;  // one block's statistics (small D and diagonal)
   RowMatrix xc, xt, r, y, f;  // scratch: centred block (n x D and D x n), responsibilities
                               // (K x n), E-step products, features
+  RowMatrix head;             // scratch: [N_k, Sx_k] of one block (K x (1 + D); large D)
   MatrixXd scatter;           // scratch: one component's D x D second moment (large D)
   MatrixXd z;                 // scratch: sqrt(r)-weighted rows of one component (large D)
+  std::vector<RowMatrix> queued_x, queued_r;  // queued blocks: centred rows, responsibilities^T
+  int queued = 0;
 
-  explicit Accumulator(const Stats& s) : block(s.buffer().size(), 0.0) {
-    if (s.exact())
-      exact.emplace(s.exact_part().sum);  // same grid; its values are reset below
-    else
-      sum.assign(s.buffer().size(), 0.0);
-    if (exact) exact->set_zero();
+  // Makes the sums fit s (its size and mode; exact: its grid), allocating only on a change.
+  void fit(Stats& s) {
+    const std::size_t size = s.buffer().size();
+    const bool large = s.moment_size() > std::size_t(s.dim()) && s.dim() > kMaxFeatureDim;
+    if (large)
+      block.clear();
+    else if (block.size() != size)
+      block.assign(size, 0.0);
+    if (s.exact()) {
+      sum.clear();
+      const ExactSum& grid = s.exact_part().sum;
+      if (!exact || &exact->exponents() != &grid.exponents()) exact.emplace(grid.zeros_like());
+    } else {
+      exact.reset();
+      if (sum.size() != size) sum.assign(size, 0.0);
+    }
+  }
+
+  // Adds v to entries [offset, offset + v.size()) of the sums (exact: within a prepare()d round).
+  void put(std::size_t offset, const double* v, std::size_t n) {
+    if (exact) {
+      exact->add_range(offset, std::span<const double>(v, n));
+    } else {
+      double* out = sum.data() + offset;
+      for (std::size_t i = 0; i < n; ++i) out[i] += v[i];
+    }
   }
 
   // The statistics of one block (seed eqs 1.45-1.47 before normalisation): the rows of
@@ -155,12 +192,14 @@ struct Accumulator {
     const Index n = xcb.rows(), d = xcb.cols(), kk = rt.rows();
     const Index m = cov == Covariance::kFull ? d * (d + 1) / 2 : d;
     const Index row = 1 + d + m;
-    Eigen::Map<RowMatrix> g(block.data(), kk, row);
+    const std::size_t tail = std::size_t(kk * row);  // log_norm, then rows
     const bool features = cov == Covariance::kDiag || d <= kMaxFeatureDim;
+    if (exact) exact->prepare(1);
     f.resize(n, features ? row : 1 + d);
     f.col(0).setOnes();
     f.middleCols(1, d) = xcb;
     if (features) {
+      Eigen::Map<RowMatrix> g(block.data(), kk, row);
       if (cov == Covariance::kFull) {
         Index p = 1 + d;
         for (Index i = 0; i < d; ++i)
@@ -169,55 +208,128 @@ struct Accumulator {
         f.rightCols(d) = xcb.cwiseAbs2();
       }
       g.noalias() = rt * f;
+      put(0, block.data(), tail);
     } else {
-      g.leftCols(1 + d).noalias() = rt * f;
-      for (Index k = 0; k < kk; ++k) {
-        // Symmetric rank-n update on sqrt(r)-weighted rows: half the flops of a GEMM.
-        scatter.setZero(d, d);
-        if (rt.row(k).maxCoeff() > 0.0) {
-          z = (xcb.array().colwise() * rt.row(k).transpose().array().sqrt()).matrix();
-          scatter.selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
-        }
-        double* out = block.data() + k * row + 1 + d;
-        for (Index i = 0; i < d; ++i)  // lower column i from row i = packed upper row i
-          for (Index j = i; j < d; ++j) *out++ = scatter(j, i);
+      // [N_k, Sx_k] now; the second moments when the queue is full (drain).
+      head.noalias() = rt * f;
+      for (Index k = 0; k < kk; ++k) put(std::size_t(k * row), &head(k, 0), std::size_t(1 + d));
+      if (queued_x.size() < std::size_t(kQueueBlocks)) {
+        queued_x.resize(kQueueBlocks);
+        queued_r.resize(kQueueBlocks);
       }
+      queued_x[queued] = xcb;
+      queued_r[queued] = rt;
+      if (++queued == kQueueBlocks) drain();
     }
-    const std::size_t tail = block.size() - 2;
-    block[tail + 1] = static_cast<double>(n);
+    const double rows = static_cast<double>(n);
+    put(tail + 1, &rows, 1);
     if (exact) {
-      block[tail] = 0.0;
-      block_log_norms.push_back(log_norm);
-      exact->add(block);
+      block_log_norms.push_back(log_norm);  // summed apart (see Stats)
     } else {
-      block[tail] = log_norm;
-      for (std::size_t i = 0; i < block.size(); ++i) sum[i] += block[i];
+      sum[tail] += log_norm;
     }
   }
 
-  void flush_into(Stats& s) const {
+  // Second moments of the queued blocks (large D), component by component: one symmetric rank-n
+  // update on sqrt(r)-weighted rows (half the flops of a GEMM) per block, whose lower triangle
+  // (column i from row i = packed upper row i) is added straight from the D x D result.
+  void drain() {
+    if (queued == 0) return;
+    const Index d = queued_x[0].cols(), kk = queued_r[0].rows();
+    const Index row = 1 + d + d * (d + 1) / 2;
+    if (exact) exact->prepare(queued);
+    for (Index k = 0; k < kk; ++k) {
+      for (int q = 0; q < queued; ++q) {
+        const RowMatrix& rt = queued_r[q];
+        // An empty component's block adds zeros: nothing to do (a double sum that starts at +0
+        // is never -0, so adding +0 would not change a bit either).
+        if (!(rt.row(k).maxCoeff() > 0.0)) continue;
+        z = (queued_x[q].array().colwise() * rt.row(k).transpose().array().sqrt()).matrix();
+        scatter.setZero(d, d);
+        scatter.selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
+        std::size_t out = std::size_t(k * row + 1 + d);
+        for (Index i = 0; i < d; ++i) {
+          put(out, &scatter(i, i), std::size_t(d - i));
+          out += std::size_t(d - i);
+        }
+      }
+    }
+    queued = 0;
+  }
+
+  // Adds the sums into s and leaves them zero for the next pass.
+  void flush_into(Stats& s) {
     if (exact) {
-      s.exact_part().sum += *exact;
+      s.exact_part().sum.absorb(*exact);
       auto& ln = s.exact_part().block_log_norms;
       ln.insert(ln.end(), block_log_norms.begin(), block_log_norms.end());
+      block_log_norms.clear();
     } else {
-      for (std::size_t i = 0; i < sum.size(); ++i) s.buffer()[i] += sum[i];
+      double* out = s.buffer().data();
+      for (std::size_t i = 0; i < sum.size(); ++i) {
+        out[i] += sum[i];
+        sum[i] = 0.0;
+      }
     }
   }
 };
 
+struct PassScratch {
+  std::vector<Accumulator> acc;  // one per thread
+};
+
+ScratchSlot::ScratchSlot() = default;
+ScratchSlot::~ScratchSlot() = default;
+ScratchSlot::ScratchSlot(const ScratchSlot&) {}
+ScratchSlot& ScratchSlot::operator=(const ScratchSlot&) {
+  p_.reset();
+  return *this;
+}
+ScratchSlot::ScratchSlot(ScratchSlot&&) noexcept = default;
+ScratchSlot& ScratchSlot::operator=(ScratchSlot&&) noexcept = default;
+PassScratch& ScratchSlot::get() {
+  if (!p_) p_ = std::make_unique<PassScratch>();
+  return *p_;
+}
+void ScratchSlot::reset() {
+  p_.reset();
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::Accumulator;
+
 // Runs body(acc, r0, r1) over blocks of rows on all threads, then adds the thread sums into
 // stats (exact: in any order; fast: in thread order, a fixed order for a fixed thread count).
+// The accumulators live in stats (sized on each thread's first block, so that each thread first
+// touches its own); after an error they are dropped, since they may hold part of a pass.
 template <class Body>
 void for_blocks(Index n_rows, Stats& stats, Body&& body) {
   const int n_threads =
       std::max(1, std::min<int>(max_threads(), (n_rows + kBlockRows - 1) / kBlockRows));
-  std::vector<Accumulator> acc;
-  acc.reserve(n_threads);
-  for (int t = 0; t < n_threads; ++t) acc.emplace_back(stats);
-  parallel_blocks(n_rows, kBlockRows, n_threads,
-                  [&](int t, std::int64_t r0, std::int64_t r1) { body(acc[t], r0, r1); });
-  for (const auto& a : acc) a.flush_into(stats);
+  auto& acc = stats.pass_scratch().acc;
+  if (acc.size() < std::size_t(n_threads)) acc.resize(std::size_t(n_threads));
+  try {
+    std::vector<char> fitted(std::size_t(n_threads), 0);
+    parallel_blocks(n_rows, kBlockRows, n_threads, [&](int t, std::int64_t r0, std::int64_t r1) {
+      if (!fitted[std::size_t(t)]) {
+        acc[std::size_t(t)].fit(stats);
+        fitted[std::size_t(t)] = 1;
+      }
+      body(acc[std::size_t(t)], r0, r1);
+    });
+    // Each thread's queued blocks, one accumulator per thread again.
+    parallel_blocks(n_threads, 1, n_threads, [&](int, std::int64_t i, std::int64_t) {
+      if (fitted[std::size_t(i)]) acc[std::size_t(i)].drain();
+    });
+    for (int t = 0; t < n_threads; ++t)
+      if (fitted[std::size_t(t)]) acc[std::size_t(t)].flush_into(stats);
+  } catch (...) {
+    acc.clear();
+    throw;
+  }
 }
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include <Eigen/Core>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -80,6 +81,26 @@ struct MlParams {
 
 class Model;
 
+namespace detail {
+struct PassScratch;  // the per-thread sums and scratch of Model's passes (gmm.cpp)
+// Owns a PassScratch kept from one pass to the next; copies start without one (it holds no
+// value, only zeroed sums and workspace).
+class ScratchSlot {
+ public:
+  ScratchSlot();
+  ~ScratchSlot();
+  ScratchSlot(const ScratchSlot&);
+  ScratchSlot& operator=(const ScratchSlot&);
+  ScratchSlot(ScratchSlot&&) noexcept;
+  ScratchSlot& operator=(ScratchSlot&&) noexcept;
+  PassScratch& get();
+  void reset();
+
+ private:
+  std::unique_ptr<PassScratch> p_;
+};
+}  // namespace detail
+
 // The sufficient statistics of one step, one contiguous buffer (so one allreduce moves them).
 //   N_k = sum_n r_nk; Sx_k = sum_n r_nk (x_n - c); Sxx_k = sum_n r_nk (x_n - c)(x_n - c)^T, packed
 //   upper triangle (full) or diagonal (diag); log_norm = sum_n log sum_k rho_nk; rows = n.
@@ -128,11 +149,18 @@ class Stats {
   struct ExactPart {
     ExactSum sum;                         // every entry but log_norm
     std::vector<double> block_log_norms;  // one per block, in any order
+    std::vector<Int128> wire;             // the driver's reduction buffer, reused between passes
   };
   ExactPart& exact_part() { return *exact_; }
   const ExactPart& exact_part() const { return *exact_; }
   // buffer() = the exact sums, with the given log_norm.
   void load_exact(double log_norm);
+
+  // For Model's passes (local_step, accumulate): per-thread partial sums and workspace, kept with
+  // the statistics they feed so that repeated passes reuse them. (Fresh megabytes per pass cost a
+  // page fault per 4 KB when first touched: at D = 192 that was ~70 ms a pass per thread on this
+  // project's VM, more than the exact adds themselves.) Between passes its sums are zero.
+  detail::PassScratch& pass_scratch() { return scratch_.get(); }
 
  private:
   int dim_, k_;
@@ -140,6 +168,7 @@ class Stats {
   std::size_t moment_size_;
   std::vector<double> buf_;
   std::optional<ExactPart> exact_;
+  detail::ScratchSlot scratch_;
 };
 
 class Model {
