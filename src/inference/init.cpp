@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/exact_sum.hpp"
+#include "core/parallel.hpp"
 #include "core/rng.hpp"
 #include "inference/block_sum.hpp"
 
@@ -74,6 +75,9 @@ Eigen::VectorXi kmeans_labels(const Comm& comm, const RowMatrix& x, RowRange ran
   const std::int64_t n = x.rows();
   const Eigen::Index d = x.cols();
   const CounterRng rng(seed, Stream::kKmeansPlusPlus);
+  // Rows are independent: threads take 256-row blocks, and every per-row value is computed as on
+  // one thread, so the labels do not depend on the thread count.
+  const int threads = max_threads();
   // Bounds for the exact sums below: |x_nj| <= a_j, and every squared distance <= sum_j (2 a_j)^2.
   Eigen::VectorXd a = n > 0 ? Eigen::VectorXd(x.cwiseAbs().colwise().maxCoeff().transpose())
                             : Eigen::VectorXd(Eigen::VectorXd::Zero(d));
@@ -90,18 +94,34 @@ Eigen::VectorXi kmeans_labels(const Comm& comm, const RowMatrix& x, RowRange ran
     const int trials = c == 0 ? 1 : n_trials;
     std::vector<Eigen::VectorXd> cand(static_cast<std::size_t>(trials), Eigen::VectorXd(d));
     for (int t = 0; t < trials; ++t) {
+      // Each thread keeps the first row with its largest key; merged in thread order, that is
+      // the first row with the largest key of the shard, whatever the thread count.
+      std::vector<double> t_key(std::size_t(threads), -std::numeric_limits<double>::infinity());
+      std::vector<std::int64_t> t_row(std::size_t(threads), -1);
+      parallel_blocks(n, kBlockRows, threads, [&](int th, std::int64_t i0, std::int64_t i1) {
+        double& best_key = t_key[std::size_t(th)];
+        std::int64_t& best_row = t_row[std::size_t(th)];
+        for (std::int64_t i = i0; i < i1; ++i) {
+          // Draw (center c, trial t) of row n: counter (n, 64 c + t / 2), lane t % 2.
+          const double u = rng.uniform2(static_cast<std::uint64_t>(range.begin + i),
+                                        static_cast<std::uint32_t>(64 * c + t / 2))[t % 2];
+          const double w = c == 0 ? 1.0 : dist2[i];
+          // Reservoir key ln(u)/w; with every weight zero (duplicates) fall back to uniform.
+          const double key = w > 0 ? std::log(u) / w : -1e300 + std::log(u);
+          if (best_row < 0 || key > best_key) {
+            best_key = key;
+            best_row = range.begin + i;
+          }
+        }
+      });
       double best_key = -std::numeric_limits<double>::infinity();
       std::int64_t best_row = -1;
-      for (std::int64_t i = 0; i < n; ++i) {
-        // Draw (center c, trial t) of row n: counter (n, 64 c + t / 2), lane t % 2.
-        const double u = rng.uniform2(static_cast<std::uint64_t>(range.begin + i),
-                                      static_cast<std::uint32_t>(64 * c + t / 2))[t % 2];
-        const double w = c == 0 ? 1.0 : dist2[i];
-        // Reservoir key ln(u)/w; with every weight zero (duplicates) fall back to uniform.
-        const double key = w > 0 ? std::log(u) / w : -1e300 + std::log(u);
-        if (best_row < 0 || key > best_key) {
+      for (int th = 0; th < threads; ++th) {
+        const std::int64_t r = t_row[std::size_t(th)];
+        const double key = t_key[std::size_t(th)];
+        if (r >= 0 && (best_row < 0 || key > best_key || (key == best_key && r < best_row))) {
           best_key = key;
-          best_row = range.begin + i;
+          best_row = r;
         }
       }
       const std::int64_t chosen = global_argmax(comm, best_key, best_row);
@@ -110,27 +130,37 @@ Eigen::VectorXi kmeans_labels(const Comm& comm, const RowMatrix& x, RowRange ran
     }
     int best = 0;
     if (trials > 1) {
+      // Each row's new distance under each candidate (threads over rows), then their exact sums.
+      RowMatrix near(n, trials);
+      parallel_blocks(n, kBlockRows, threads, [&](int, std::int64_t i0, std::int64_t i1) {
+        for (std::int64_t i = i0; i < i1; ++i)
+          for (int t = 0; t < trials; ++t)
+            near(i, t) = std::min(dist2[i], (x.row(i).transpose() - cand[t]).squaredNorm());
+      });
       const std::vector<double> potential = exact_row_sum(
           comm, n, std::vector<int>(static_cast<std::size_t>(trials), potential_exponent),
           [&](std::int64_t i, double* out) {
-            for (int t = 0; t < trials; ++t)
-              out[t] += std::min(dist2[i], (x.row(i).transpose() - cand[t]).squaredNorm());
+            for (int t = 0; t < trials; ++t) out[t] += near(i, t);
           });
       for (int t = 1; t < trials; ++t)
         if (potential[t] < potential[best]) best = t;
     }
     centers.row(c) = cand[best].transpose();
-    for (std::int64_t i = 0; i < n; ++i)
-      dist2[i] = std::min(dist2[i], (x.row(i) - centers.row(c)).squaredNorm());
+    parallel_blocks(n, kBlockRows, threads, [&](int, std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i)
+        dist2[i] = std::min(dist2[i], (x.row(i) - centers.row(c)).squaredNorm());
+    });
   }
 
   Eigen::VectorXi label(n);
   auto assign = [&] {
-    for (std::int64_t i = 0; i < n; ++i) {
-      Eigen::Index best;
-      (centers.rowwise() - x.row(i)).rowwise().squaredNorm().minCoeff(&best);
-      label[i] = static_cast<int>(best);
-    }
+    parallel_blocks(n, kBlockRows, threads, [&](int, std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        Eigen::Index best;
+        (centers.rowwise() - x.row(i)).rowwise().squaredNorm().minCoeff(&best);
+        label[i] = static_cast<int>(best);
+      }
+    });
   };
   assign();
   // Lloyd sums: per-cluster sums then counts, one buffer, one allreduce.
