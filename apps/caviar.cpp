@@ -18,7 +18,9 @@ void print_summary(const Context& ctx, const nlohmann::ordered_json& j) {
 }
 
 void print_progress(const Context& ctx, const std::string& line) {
-  if (!ctx.quiet && ctx.comm->is_root()) std::cerr << line << std::endl;
+  // One write per line (std::cerr is unbuffered: `<< line << std::endl` is two), so that a line
+  // is not split when mpirun or SLURM interleave it with stdout in one file.
+  if (!ctx.quiet && ctx.comm->is_root()) std::cerr << (line + '\n') << std::flush;
 }
 
 }  // namespace caviar::app

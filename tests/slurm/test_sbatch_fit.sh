@@ -124,14 +124,17 @@ import sys
 rec = None
 with open(sys.argv[1], errors="replace") as f:
     for line in f:
+        # mpirun forwards stdout and stderr separately, so in the job's one output file the JSON
+        # line can land inside a progress line: parse from every '{' on the line.
         line = line.strip()
-        if line.startswith("{"):
+        for i in [j for j, c in enumerate(line) if c == "{"]:
             try:
-                obj = json.loads(line)
+                obj = json.loads(line[i:])
             except ValueError:
                 continue
             if isinstance(obj, dict):
                 rec = obj
+                break
 if rec is None:
     sys.exit("no JSON result line in job output")
 if rec.get("ranks") != 2:
