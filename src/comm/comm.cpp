@@ -206,40 +206,41 @@ std::vector<std::int64_t> Comm::allgather(std::int64_t v) const {
   return out;
 }
 
+namespace {
+// The int counts and displacements of a v-collective from every rank's count (MPI counts are int).
+struct Layout {
+  std::vector<int> counts, displs;
+  std::int64_t total = 0;
+};
+Layout layout(const std::vector<std::int64_t>& counts, const char* what) {
+  Layout l{std::vector<int>(counts.size()), std::vector<int>(counts.size()), 0};
+  for (std::size_t p = 0; p < counts.size(); ++p) {
+    if (l.total + counts[p] > std::numeric_limits<int>::max())
+      throw Error(std::string(what) + ": more than 2^31 values in one call");
+    l.counts[p] = static_cast<int>(counts[p]);
+    l.displs[p] = static_cast<int>(l.total);
+    l.total += counts[p];
+  }
+  return l;
+}
+}  // namespace
+
 std::vector<double> Comm::allgatherv(std::span<const double> mine) const {
   if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
-  const std::vector<std::int64_t> counts = allgather(static_cast<std::int64_t>(mine.size()));
-  std::vector<int> cnt(counts.size()), displ(counts.size());
-  std::int64_t total = 0;
-  for (std::size_t p = 0; p < counts.size(); ++p) {
-    if (total + counts[p] > std::numeric_limits<int>::max())
-      throw Error("allgatherv: more than 2^31 values in one call");
-    cnt[p] = static_cast<int>(counts[p]);
-    displ[p] = static_cast<int>(total);
-    total += counts[p];
-  }
-  std::vector<double> out(static_cast<std::size_t>(total));
+  const Layout l = layout(allgather(static_cast<std::int64_t>(mine.size())), "allgatherv");
+  std::vector<double> out(static_cast<std::size_t>(l.total));
   check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(),
-                       cnt.data(), displ.data(), MPI_DOUBLE, unpack(handle_)),
+                       l.counts.data(), l.displs.data(), MPI_DOUBLE, unpack(handle_)),
         "allgatherv");
   return out;
 }
 
 std::vector<double> Comm::gatherv(std::span<const double> mine, int root) const {
   if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
-  const std::vector<std::int64_t> counts = allgather(static_cast<std::int64_t>(mine.size()));
-  std::vector<int> cnt(counts.size()), displ(counts.size());
-  std::int64_t total = 0;
-  for (std::size_t p = 0; p < counts.size(); ++p) {
-    if (total + counts[p] > std::numeric_limits<int>::max())
-      throw Error("gatherv: more than 2^31 values in one call");
-    cnt[p] = static_cast<int>(counts[p]);
-    displ[p] = static_cast<int>(total);
-    total += counts[p];
-  }
-  std::vector<double> out(rank_ == root ? static_cast<std::size_t>(total) : 0);
-  check(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(), cnt.data(),
-                    displ.data(), MPI_DOUBLE, root, unpack(handle_)),
+  const Layout l = layout(allgather(static_cast<std::int64_t>(mine.size())), "gatherv");
+  std::vector<double> out(rank_ == root ? static_cast<std::size_t>(l.total) : 0);
+  check(MPI_Gatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(),
+                    l.counts.data(), l.displs.data(), MPI_DOUBLE, root, unpack(handle_)),
         "gatherv");
   return out;
 }

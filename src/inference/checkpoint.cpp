@@ -218,4 +218,12 @@ void stop(int sig, const std::string& where, const std::string& checkpoint) {
                   "; exit code " + std::to_string(kExitPreempted));
 }
 
+void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v) {
+  if (!v.empty()) w.write(name, v, {v.size()});
+}
+
+std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
+  return r.has(name) ? r.read(name) : std::vector<double>{};
+}
+
 }  // namespace caviar::ckpt

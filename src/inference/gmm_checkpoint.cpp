@@ -21,14 +21,6 @@ ckpt::Every checked_every(const Comm& comm, const FitOptions& o,
   return ckpt::parse_every(o.checkpoint_every);
 }
 
-void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v) {
-  // Empty traces are simply absent (read back as empty).
-  if (!v.empty()) w.write(name, v, {v.size()});
-}
-
-std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
-  return r.has(name) ? r.read(name) : std::vector<double>{};
-}
 }  // namespace
 
 Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
@@ -85,8 +77,8 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
     s.elapsed = num("elapsed");
     s.res.iterations = static_cast<int>(num("iterations"));
     s.res.steps = static_cast<std::int64_t>(num("steps"));
-    s.res.trace = read_vec(r, "/trace/objective");
-    s.res.seconds_trace = read_vec(r, "/trace/seconds");
+    s.res.trace = ckpt::read_vec(r, "/trace/objective");
+    s.res.seconds_trace = ckpt::read_vec(r, "/trace/seconds");
     if (o_.algorithm == Algorithm::kSvi) {
       SviPosition& p = s.svi;
       p.epoch = static_cast<int>(num("epoch"));
@@ -97,14 +89,14 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
       p.rho = num("rho");
       p.tau = num("tau");
       p.hbar = num("hbar");
-      s.gbar = read_vec(r, "/svi/gbar");
+      s.gbar = ckpt::read_vec(r, "/svi/gbar");
       if (o_.schedule == Schedule::kAdaptive && s.gbar.size() != n_stats)
         throw Error(bad + "its adaptive-schedule state has the wrong size");
-      s.res.epoch_trace = read_vec(r, "/trace/epoch_elbo");
-      s.res.rho_trace = read_vec(r, "/trace/rho");
-      s.res.full_elbo = read_vec(r, "/trace/full_elbo");
-      s.res.full_elbo_seconds = read_vec(r, "/trace/full_elbo_seconds");
-      s.res.full_elbo_step = read_vec(r, "/trace/full_elbo_step");
+      s.res.epoch_trace = ckpt::read_vec(r, "/trace/epoch_elbo");
+      s.res.rho_trace = ckpt::read_vec(r, "/trace/rho");
+      s.res.full_elbo = ckpt::read_vec(r, "/trace/full_elbo");
+      s.res.full_elbo_seconds = ckpt::read_vec(r, "/trace/full_elbo_seconds");
+      s.res.full_elbo_step = ckpt::read_vec(r, "/trace/full_elbo_step");
       if (p.epoch < 0 || p.step < 0 || p.t < 0 || s.res.trace.size() != std::size_t(p.t) ||
           s.res.rho_trace.size() != std::size_t(p.t))
         throw Error(bad + "its SVI position and traces disagree (corrupt checkpoint?)");
@@ -175,8 +167,8 @@ void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gba
     io::FileWriter w(o_.checkpoint);
     fp_->write(w);
     w.write("stats", stats.buffer(), {stats.buffer().size()});
-    write_vec(w, "trace/objective", res.trace);
-    write_vec(w, "trace/seconds", res.seconds_trace);
+    ckpt::write_vec(w, "trace/objective", res.trace);
+    ckpt::write_vec(w, "trace/seconds", res.seconds_trace);
     w.attr("iteration", static_cast<std::int64_t>(iteration));
     w.attr("iterations", static_cast<std::int64_t>(res.iterations));
     w.attr("steps", res.steps);
@@ -190,12 +182,12 @@ void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gba
       w.attr("rho", svi->rho);
       w.attr("tau", svi->tau);
       w.attr("hbar", svi->hbar);
-      if (gbar) write_vec(w, "svi/gbar", gbar->buffer());
-      write_vec(w, "trace/epoch_elbo", res.epoch_trace);
-      write_vec(w, "trace/rho", res.rho_trace);
-      write_vec(w, "trace/full_elbo", res.full_elbo);
-      write_vec(w, "trace/full_elbo_seconds", res.full_elbo_seconds);
-      write_vec(w, "trace/full_elbo_step", res.full_elbo_step);
+      if (gbar) ckpt::write_vec(w, "svi/gbar", gbar->buffer());
+      ckpt::write_vec(w, "trace/epoch_elbo", res.epoch_trace);
+      ckpt::write_vec(w, "trace/rho", res.rho_trace);
+      ckpt::write_vec(w, "trace/full_elbo", res.full_elbo);
+      ckpt::write_vec(w, "trace/full_elbo_seconds", res.full_elbo_seconds);
+      ckpt::write_vec(w, "trace/full_elbo_step", res.full_elbo_step);
     }
     // Provenance only (not compared on resume).
     w.attr("data", o_.data);

@@ -16,15 +16,6 @@ ckpt::Every checked_every(const Comm& comm, const FitOptions& o,
   return ckpt::parse_every(o.checkpoint_every);
 }
 
-void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v) {
-  // Empty traces are simply absent (read back as empty).
-  if (!v.empty()) w.write(name, v, {v.size()});
-}
-
-std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
-  return r.has(name) ? r.read(name) : std::vector<double>{};
-}
-
 // The corpus's identity, hashed as ckpt::data_identity hashes a matrix (its windows, its hash):
 // the shape (documents, vocabulary, entries), then the sampled documents' word ids and counts.
 // Collective: every rank reads the same few documents.
@@ -125,9 +116,9 @@ void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
     s.res.iterations = static_cast<int>(num("iterations"));
     s.res.sweeps = static_cast<std::int64_t>(num("sweeps"));
     s.res.tokens = num("tokens");
-    s.res.trace = read_vec(r, "/trace/elbo");
-    s.res.trace_seconds = read_vec(r, "/trace/seconds");
-    s.res.trace_perplexity = read_vec(r, "/trace/perplexity");
+    s.res.trace = ckpt::read_vec(r, "/trace/elbo");
+    s.res.trace_seconds = ckpt::read_vec(r, "/trace/seconds");
+    s.res.trace_perplexity = ckpt::read_vec(r, "/trace/perplexity");
     if (p.iteration < 0 || p.step < 0 || p.t < 0 ||
         s.res.trace.size() != static_cast<std::size_t>(p.iteration) ||
         s.res.trace_seconds.size() != s.res.trace.size())
@@ -136,7 +127,7 @@ void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
       throw Error(bad + "it stopped in pass " + std::to_string(p.iteration + 1) +
                   ", beyond this run's --passes " + std::to_string(o_.passes));
     if (svi) {
-      s.pass_terms = read_vec(r, "/pass_terms");
+      s.pass_terms = ckpt::read_vec(r, "/pass_terms");
       if (s.pass_terms.size() > static_cast<std::size_t>(info.n_docs))
         throw Error(bad + "it holds more document terms than the corpus has documents");
     } else if (p.iteration > 0) {
@@ -226,10 +217,10 @@ void Checkpointer::write(const Position& pos, const Model& model, const FitResul
     if (with_gammas)
       w.write("gamma", all_gammas,
               {static_cast<std::uint64_t>(n_docs_), static_cast<std::uint64_t>(o_.topics)});
-    write_vec(w, "pass_terms", all_terms);
-    write_vec(w, "trace/elbo", res.trace);
-    write_vec(w, "trace/seconds", res.trace_seconds);
-    write_vec(w, "trace/perplexity", res.trace_perplexity);
+    ckpt::write_vec(w, "pass_terms", all_terms);
+    ckpt::write_vec(w, "trace/elbo", res.trace);
+    ckpt::write_vec(w, "trace/seconds", res.trace_seconds);
+    ckpt::write_vec(w, "trace/perplexity", res.trace_perplexity);
     w.attr("iteration", static_cast<std::int64_t>(pos.iteration));
     w.attr("step", pos.step);
     w.attr("t", pos.t);
