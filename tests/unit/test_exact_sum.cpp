@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -346,6 +347,50 @@ TEST_P(GmmExactStats, EqualTheExactSumOfTheBlocksForAnyThreadCount) {
     double total = 0;
     for (int k = 0; k < c.k; ++k) total += loaded.n(k);
     EXPECT_NEAR(total, n, 1e-9 * n);
+  }
+}
+
+// Above D = 32 the second moments skip rows whose responsibility is below 2^-140 (Accumulator::
+// drain): that must not lose anything the sums can show. Responsibilities span 1 down to 1e-300 and
+// exact zeros, with the small ones on rows far from the shift (so a threshold even at 1e-30 would
+// move the sums by far more than the tolerance); the sums must match a dense long-double sum over
+// every row, in fast and exact mode.
+TEST(GmmLargeDimStats, SecondMomentsMatchADenseSumOverEveryRow) {
+  const int d = 40, k = 3, n = 3 * int(kBlockRows) + 5;
+  RowMatrix x = test_rows(n, d, 21);
+  const std::array<double, 7> small{1e-8, 1e-20, 1e-30, 1e-41, 1e-45, 1e-300, 0.0};
+  RowMatrix resp(n, k);
+  for (int i = 0; i < n; ++i) {
+    const double tiny = small[std::size_t(i) % small.size()];
+    if (tiny < 1e-6 && tiny > 1e-42) x.row(i).array() *= 1e4;  // far rows carry the small weights
+    resp(i, 0) = tiny;
+    resp(i, 1) = 0.25 + 0.5 * (i % 2);
+    resp(i, 2) = 1.0 - resp(i, 0) - resp(i, 1);
+  }
+  const Eigen::VectorXd shift = Eigen::VectorXd::Constant(d, 100.0);
+  Model model(Covariance::kFull, k, default_prior(Covariance::kFull, d, k), shift);
+  const RowMatrix xc = x.rowwise() - shift.transpose();
+  const Eigen::VectorXd max_abs = xc.cwiseAbs().colwise().maxCoeff().transpose();
+  for (const bool exact : {false, true}) {
+    Stats s = model.make_stats();
+    if (exact) s.make_exact(model.exact_exponents(n, max_abs));
+    model.accumulate(x, resp, s);
+    if (exact) s.load_exact(0.0);
+    for (int c = 0; c < k; ++c) {
+      const Eigen::MatrixXd got = s.sxx_matrix(c);
+      for (int i = 0; i < d; ++i) {
+        for (int j = 0; j < d; ++j) {
+          long double want = 0, mag = 0;
+          for (int r = 0; r < n; ++r) {
+            const long double t = (long double)resp(r, c) * xc(r, i) * xc(r, j);
+            want += t;
+            mag += std::fabs(t);
+          }
+          ASSERT_LE(std::fabs((long double)got(i, j) - want), 1e-13L * mag)
+              << "exact " << exact << " component " << c << " entry " << i << "," << j;
+        }
+      }
+    }
   }
 }
 
