@@ -187,35 +187,17 @@ Stats new_stats(const FitOptions& o, const Model& model, const Moments& mom, std
 }
 
 // Completes a pass: sums the statistics over ranks (comm == nullptr: every rank already holds
-// the same rows, as an SVI minibatch gathered to all ranks). Exact: the integer sums and the
-// blocks' log-normalisers go in one Int128 allreduce, after one max for the latter's grid, whose
-// bound is max_blocks x the largest |block log-normaliser|. Fast: one allreduce of the doubles.
+// the same rows, as an SVI minibatch gathered to all ranks). Exact: Stats::finish_exact, with
+// one allreduce_max for the log-normalisers' grid and one Int128 allreduce. Fast: one allreduce
+// of the doubles.
 void reduce(const Comm* comm, Stats& s, std::int64_t n_rows) {
   if (!s.exact()) {
     if (comm) comm->allreduce_sum(s.buffer());
     return;
   }
-  auto& part = s.exact_part();
-  double mx = 0;
-  for (double v : part.block_log_norms) mx = std::max(mx, std::abs(v));  // NaN-safe: see below
-  bool finite = true;
-  for (double v : part.block_log_norms) finite &= std::isfinite(v);
-  if (!finite) mx = std::numeric_limits<double>::infinity();
-  if (comm) mx = comm->allreduce_max(mx);
-  const double max_blocks = static_cast<double>((n_rows + kBlockRows - 1) / kBlockRows);
-  // A non-finite log-normaliser (a broken posterior) is passed on as NaN for the caller's check.
-  const bool ok = std::isfinite(mx) && std::isfinite(2 * max_blocks * mx);
-  ExactSum ln({ok ? bound_exponent(2 * max_blocks * mx) : 0});
-  if (ok)
-    for (double v : part.block_log_norms) ln.add(std::span<const double>(&v, 1));
-  std::vector<Int128>& raw = part.wire;  // reused: fresh megabytes each pass cost page faults
-  raw.resize(part.sum.size() + 1);
-  std::copy(part.sum.raw().begin(), part.sum.raw().end(), raw.begin());
-  raw.back() = ln.raw()[0];
-  if (comm) comm->allreduce_sum(raw);
-  std::copy(raw.begin(), raw.end() - 1, part.sum.raw().begin());
-  ln.raw()[0] = raw.back();
-  s.load_exact(ok ? ln.result()[0] : std::numeric_limits<double>::quiet_NaN());
+  if (!comm) return s.finish_exact(n_rows);
+  s.finish_exact(n_rows, {[&](double v) { return comm->allreduce_max(v); },
+                          [&](std::span<Int128> v) { comm->allreduce_sum(v); }});
 }
 
 // Runs f(x, first_row) over the source's chunks; an Error thrown by f on one rank is agreed on

@@ -129,10 +129,7 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
     }
     // One process: the driver's reduce() without ranks (the order of the blocks is irrelevant).
     auto finish = [&] {
-      if (!p.exact) return;
-      double log_norm = 0;
-      for (double v : stats.exact_part().block_log_norms) log_norm += v;
-      stats.load_exact(log_norm);
+      if (p.exact) stats.finish_exact(p.x.rows());
     };
     stats.set_zero();
     model.accumulate(p.x, resp, stats);

@@ -95,6 +95,35 @@ void Stats::load_exact(double log_norm) {
   buf_[buf_.size() - 2] = log_norm;
 }
 
+void Stats::finish_exact(std::int64_t n_rows) {
+  finish_exact(n_rows, {[](double v) { return v; }, [](std::span<Int128>) {}});
+}
+
+void Stats::finish_exact(std::int64_t n_rows, const Combine& combine) {
+  auto& part = exact_part();
+  double mx = 0;
+  bool finite = true;
+  for (double v : part.block_log_norms) {
+    mx = std::max(mx, std::abs(v));
+    finite &= std::isfinite(v);
+  }
+  if (!finite) mx = std::numeric_limits<double>::infinity();
+  mx = combine.max(mx);
+  const double max_blocks = static_cast<double>((n_rows + kBlockRows - 1) / kBlockRows);
+  const bool ok = std::isfinite(mx) && std::isfinite(2 * max_blocks * mx);
+  ExactSum ln({ok ? bound_exponent(2 * max_blocks * mx) : 0});
+  if (ok)
+    for (double v : part.block_log_norms) ln.add(std::span<const double>(&v, 1));
+  std::vector<Int128>& raw = part.wire;  // reused: fresh megabytes each pass cost page faults
+  raw.resize(part.sum.size() + 1);
+  std::copy(part.sum.raw().begin(), part.sum.raw().end(), raw.begin());
+  raw.back() = ln.raw()[0];
+  combine.sum(raw);
+  std::copy(raw.begin(), raw.end() - 1, part.sum.raw().begin());
+  ln.raw()[0] = raw.back();
+  load_exact(ok ? ln.result()[0] : std::numeric_limits<double>::quiet_NaN());
+}
+
 std::vector<int> Model::exact_exponents(double n_rows, const VectorXd& max_abs) const {
   const int d = dim();
   if (max_abs.size() != d) throw Error("exact statistics: bounds of the wrong dimension");

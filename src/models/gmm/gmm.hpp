@@ -29,6 +29,7 @@
 #include <Eigen/Core>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -155,6 +156,18 @@ class Stats {
   const ExactPart& exact_part() const { return *exact_; }
   // buffer() = the exact sums, with the given log_norm.
   void load_exact(double log_norm);
+  // Completes an exact pass: sums the blocks' log-normalisers on a grid fixed by
+  // max_blocks x the largest |block log-normaliser| (max_blocks = blocks of n_rows rows), adds
+  // them and the statistics over the contributors, and load_exact()s the totals. `max` and `sum`
+  // combine a double and the Int128 sums over every contributor (the driver passes MPI
+  // reductions). A non-finite block log-normaliser (a broken posterior) leaves log_norm NaN for
+  // the caller's check.
+  struct Combine {
+    std::function<double(double)> max;
+    std::function<void(std::span<Int128>)> sum;
+  };
+  void finish_exact(std::int64_t n_rows, const Combine& combine);
+  void finish_exact(std::int64_t n_rows);  // one process holds every block
 
   // For Model's passes (local_step, accumulate): per-thread partial sums and workspace, kept with
   // the statistics they feed so that repeated passes reuse them. (Fresh megabytes per pass cost a
