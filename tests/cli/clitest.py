@@ -1,6 +1,18 @@
 """Shared helpers of the command-line tests (run with Debian's /usr/bin/python3)."""
+import json
 import os
 import shutil
+
+import h5py
+import numpy as np
+
+# Attributes that record how a run was made, not what it computed.
+PROVENANCE = {"command", "ranks", "threads"}
+
+
+def is_timing(name):
+    """Wall-clock values (datasets, attributes and JSON keys named "...seconds...") differ every run."""
+    return "seconds" in name
 
 
 def mpirun(n):
@@ -14,3 +26,54 @@ def fresh_workdir(path):
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     return lambda name: os.path.join(path, name)
+
+
+def h5_contents(path):
+    """{name: (dtype, shape, bytes) or repr} for every dataset and attribute of an HDF5 file
+    (root attributes included), timings and provenance left out: the results, bit for bit."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset) and not is_timing(name.split("/")[-1]):
+                v = obj[()]
+                raw = (repr(v.tolist()) if getattr(v, "dtype", None) is not None and
+                       v.dtype.kind == "O" else np.ascontiguousarray(v).tobytes())
+                out["D:" + name] = (np.asarray(v).dtype.str, np.shape(v), raw)
+            for a, v in obj.attrs.items():
+                if a not in PROVENANCE and not is_timing(a):
+                    out[f"A:{name}@{a}"] = repr(v)
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
+def h5_differences(first, *others):
+    """Sorted names whose contents differ between `first` and any of `others` (or that only some
+    of the files have)."""
+    base = h5_contents(first)
+    bad = set()
+    for path in others:
+        other = h5_contents(path)
+        bad |= {k for k in set(base) | set(other) if base.get(k) != other.get(k)}
+    return sorted(bad)
+
+
+def json_summary(stdout):
+    """The last JSON line of a run's stdout, without timings and provenance."""
+    j = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    return {k: v for k, v in j.items() if not is_timing(k) and k not in PROVENANCE}
+
+
+def rank_pids(parent):
+    """Pids of the direct children of `parent` (mpirun forks the local ranks itself)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                pids.append(int(d))
+    return pids

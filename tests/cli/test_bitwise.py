@@ -20,48 +20,14 @@ import sys
 import h5py
 import numpy as np
 
-from clitest import fresh_workdir, mpirun
+from clitest import fresh_workdir, h5_differences, mpirun
 
 MATRIX = [(p, t) for p in (1, 2, 3, 4) for t in (1, 2)]
-PROVENANCE = {"ranks", "threads", "command", "seconds", "created", "time", "train_seconds"}
-
-
 def run(argv, ranks, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     r = subprocess.run(mpirun(ranks) + argv, capture_output=True, text=True, timeout=300, env=env)
     if r.returncode != 0:
         raise SystemExit(f"FAIL: P={ranks} T={threads}: {' '.join(argv)}\n{r.stderr}")
-
-
-def contents(path):
-    """Every dataset's bytes and every attribute, by name; provenance left out."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                if not any(w in name.split("/")[-1] for w in ("seconds", "time")):
-                    a = obj[()]
-                    raw = (repr(a.tolist()) if getattr(a, "dtype", None) is not None and
-                           a.dtype.kind == "O" else np.ascontiguousarray(a).tobytes())
-                    out[name] = (np.asarray(a).dtype.str, np.shape(a), raw)
-            for k, v in obj.attrs.items():
-                if k not in PROVENANCE and "seconds" not in k:
-                    out[f"{name}@{k}"] = repr(v)
-        visit("/", f)
-        f.visititems(visit)
-    return out
-
-
-def differences(files):
-    """Names whose contents differ between the first file and any other."""
-    base = contents(files[0])
-    bad = set()
-    for path in files[1:]:
-        other = contents(path)
-        if set(other) != set(base):
-            bad |= set(other) ^ set(base)
-        bad |= {k for k in base if k in other and other[k] != base[k]}
-    return sorted(bad)
 
 
 def main():
@@ -74,7 +40,7 @@ def main():
         for p, t in MATRIX:
             run(argv_for(f"{p}{t}"), p, t)
         for i in range(len(outputs("11"))):
-            bad = differences([outputs(f"{p}{t}")[i] for p, t in MATRIX])
+            bad = h5_differences(*[outputs(f"{p}{t}")[i] for p, t in MATRIX])
             status = "identical" if not bad else f"DIFFERENT: {bad[:6]}"
             print(f"{name} [{os.path.basename(outputs('11')[i])}]: {status}", flush=True)
             if bad:
@@ -113,7 +79,7 @@ def main():
     # uninterrupted run of the matrix ended.
     run(gmm + ["--max-iter", "10", "--checkpoint", path("ck.h5"), "--checkpoint-every", "5"], 1, 1)
     run(gmm + ["--max-iter", "25", "--resume", path("ck.h5"), "--out", path("resumed.h5")], 4, 2)
-    bad = differences([path("cavi11.h5"), path("resumed.h5")])
+    bad = h5_differences(*[path("cavi11.h5"), path("resumed.h5")])
     print(f"gmm cavi resumed across rank counts: {'identical' if not bad else bad[:6]}")
     if bad:
         failures.append("resume across rank counts")
@@ -137,7 +103,7 @@ def main():
     # Sensitivity: plain double sums must show the last-bit differences the exact sums remove.
     for p, t in MATRIX:
         run(gmm + ["--max-iter", "25", "--fast-reduce", "--out", path(f"fast{p}{t}.h5")], p, t)
-    fast_bad = differences([path(f"fast{p}{t}.h5") for p, t in MATRIX])
+    fast_bad = h5_differences(*[path(f"fast{p}{t}.h5") for p, t in MATRIX])
     print(f"gmm cavi --fast-reduce: {len(fast_bad)} outputs differ across the matrix "
           f"(e.g. {fast_bad[:3]})")
     if not fast_bad:

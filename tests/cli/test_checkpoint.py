@@ -34,7 +34,6 @@ checkpoint is taken mid-epoch.
 usage: test_checkpoint.py CAVIAR_BIN WORKDIR [trials [N] | exit-codes | vae]
 """
 import concurrent.futures
-import json
 import os
 import random
 import signal
@@ -45,68 +44,10 @@ import time
 import h5py
 import numpy as np
 
-from clitest import fresh_workdir, mpirun
+from clitest import fresh_workdir, h5_differences, json_summary, mpirun, rank_pids
 
 TIMEOUT = 60
 RANKS = 2
-# Attributes that legitimately differ between an interrupted+resumed run and a straight one.
-SKIP_ATTRS = {"command"}
-
-
-def is_timing(name):
-    return "seconds" in name
-
-
-def h5_items(path):
-    """{name: (kind, payload)} for every dataset and attribute (of the root and of datasets)."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                v = obj[()]
-                out["D:" + name] = (str(obj.dtype), obj.shape, np.asarray(v).tobytes())
-            for a, v in obj.attrs.items():
-                out[f"A:{name}@{a}"] = repr(v)
-        for a, v in f.attrs.items():
-            out["A:/@" + a] = repr(v)
-        f.visititems(visit)
-    return out
-
-
-def compare_h5(a, b):
-    """List of differences between two HDF5 files, timings and provenance excluded."""
-    ia, ib = h5_items(a), h5_items(b)
-    diffs = []
-    for k in sorted(set(ia) | set(ib)):
-        if is_timing(k) or k.split("@")[-1] in SKIP_ATTRS:
-            continue
-        if k not in ia or k not in ib:
-            diffs.append(f"{k} only in {'second' if k in ib else 'first'}")
-        elif ia[k] != ib[k]:
-            diffs.append(f"{k} differs")
-    return diffs
-
-
-def summary(stdout):
-    j = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
-    return {k: v for k, v in j.items() if "seconds" not in k}  # timings
-
-
-def rank_pids(parent):
-    """Pids of the direct children of `parent` (mpirun forks the local ranks itself)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                pids.append(int(d))
-    return pids
-
-
 def main():
     caviar, work = sys.argv[1], sys.argv[2]
     mode = sys.argv[3] if len(sys.argv) > 3 else "trials"
@@ -173,7 +114,7 @@ def main():
             print(f"FAIL: reference {alg} run failed:\n{r.stderr}")
             return 1
         lines = [l for l in r.stderr.splitlines() if l.startswith(("iter ", "epoch "))]
-        refs[alg] = (len(lines), summary(r.stdout), time.time() - t0)
+        refs[alg] = (len(lines), json_summary(r.stdout), time.time() - t0)
         print(f"reference {alg}: {len(lines)} progress lines, {time.time() - t0:.2f} s")
 
     # The random choices are drawn up front, so that they do not depend on the execution order.
@@ -257,17 +198,17 @@ def main():
                                timeout=TIMEOUT)
             if r.returncode != 0:
                 return True, [f"FAIL trial {trial} ({alg}): reference exited {r.returncode}"], alg, where
-            ref_summary = summary(r.stdout)
+            ref_summary = json_summary(r.stdout)
         r = subprocess.run(fit_cmd(alg, tag, ["--resume", ck, "--checkpoint", ck], iters=iters),
                            capture_output=True, text=True, timeout=TIMEOUT)
         if r.returncode != 0:
             return True, [f"FAIL trial {trial} ({alg}): resume exited {r.returncode}:\n"
                           f"{r.stderr[-500:]}"], alg, where
-        diffs = compare_h5(p(f"{ref_tag}_model.h5"), p(f"{tag}_model.h5"))
+        diffs = h5_differences(p(f"{ref_tag}_model.h5"), p(f"{tag}_model.h5"))
         if os.path.exists(p(f"{ref_tag}_labels.h5")):
-            diffs += ["labels: " + x for x in compare_h5(p(f"{ref_tag}_labels.h5"), p(f"{tag}_labels.h5"))]
-        if summary(r.stdout) != ref_summary:
-            diffs.append(f"JSON summary {summary(r.stdout)} != {ref_summary}")
+            diffs += ["labels: " + x for x in h5_differences(p(f"{ref_tag}_labels.h5"), p(f"{tag}_labels.h5"))]
+        if json_summary(r.stdout) != ref_summary:
+            diffs.append(f"JSON summary {json_summary(r.stdout)} != {ref_summary}")
         for f in (ck, p(f"{tag}_model.h5"), p(f"{tag}_labels.h5")):
             if os.path.exists(f):
                 os.remove(f)
@@ -299,7 +240,7 @@ def main():
             if r.returncode != 0 or not os.path.exists(ck):
                 problems.append(f"exit {r.returncode}, checkpoint exists: {os.path.exists(ck)}")
             else:
-                problems += compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
+                problems += h5_differences(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
                 with h5py.File(ck, "r") as f:
                     where = int(f.attrs["iteration"])
                 # 60 iterations: boundaries before iterations 7, 14, ..., 56 save.
@@ -313,7 +254,7 @@ def main():
                 if r.returncode != 0:
                     problems.append(f"resume exited {r.returncode}: {r.stderr[-300:]}")
                 else:
-                    problems += compare_h5(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
+                    problems += h5_differences(p(f"ref_{alg}_model.h5"), p(f"{tag}_model.h5"))
             if problems:
                 failures += 1
                 print(f"FAIL --checkpoint-every {every} ({alg}): {'; '.join(problems[:6])}")

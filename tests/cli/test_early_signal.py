@@ -21,29 +21,9 @@ import signal
 import subprocess
 import sys
 
-import h5py
-import numpy as np
-
-from clitest import fresh_workdir, mpirun
+from clitest import fresh_workdir, h5_differences, mpirun
 
 TIMEOUT = 60
-
-
-def items(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and "seconds" not in name:
-                v = obj[()]
-                raw = (repr(v.tolist()) if getattr(v, "dtype", None) is not None and
-                       v.dtype.kind == "O" else np.ascontiguousarray(v).tobytes())
-                out["D:" + name] = raw
-            for a, v in obj.attrs.items():
-                if a not in ("command", "ranks", "threads") and "seconds" not in a:
-                    out[f"A:{name}@{a}"] = repr(v)
-        visit("/", f)
-        f.visititems(visit)
-    return out
 
 
 def main():
@@ -108,8 +88,7 @@ def main():
             if r.returncode != 0:
                 problems.append(f"resume exited {r.returncode}: {r.stderr[-300:]}")
             else:
-                a, b = items(p(f"{tag}_ref.h5")), items(out)
-                diffs = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+                diffs = h5_differences(p(f"{tag}_ref.h5"), out)
                 if diffs:
                     problems.append(f"resumed model differs: {diffs[:5]}")
         if problems:

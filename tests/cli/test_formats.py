@@ -7,7 +7,6 @@ generator's file is identical at 1 and 3 ranks.
 usage: test_formats.py CAVIAR_BIN WORKDIR
 """
 import json
-import os
 import subprocess
 import sys
 

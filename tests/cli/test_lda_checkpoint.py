@@ -18,7 +18,6 @@ from the last checkpoint reproduces the reference.
 usage: test_lda_checkpoint.py CAVIAR_BIN WORKDIR
 """
 import concurrent.futures
-import json
 import os
 import random
 import signal
@@ -27,58 +26,11 @@ import sys
 import time
 
 import h5py
-import numpy as np
 
-from clitest import fresh_workdir, mpirun
+from clitest import fresh_workdir, h5_differences, json_summary, mpirun, rank_pids
 
 TIMEOUT = 60
 RANKS = 2
-PROVENANCE = {"command", "ranks", "threads"}
-
-
-def h5_items(path):
-    """{name: payload} for every dataset and attribute, timings and provenance left out."""
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and "seconds" not in name:
-                v = obj[()]
-                raw = (repr(v.tolist()) if getattr(v, "dtype", None) is not None and
-                       v.dtype.kind == "O" else np.ascontiguousarray(v).tobytes())
-                out["D:" + name] = (np.asarray(v).dtype.str, np.shape(v), raw)
-            for a, v in obj.attrs.items():
-                if a not in PROVENANCE and "seconds" not in a:
-                    out[f"A:{name}@{a}"] = repr(v)
-        visit("/", f)
-        f.visititems(visit)
-    return out
-
-
-def compare_h5(a, b):
-    ia, ib = h5_items(a), h5_items(b)
-    return [k for k in sorted(set(ia) | set(ib)) if ia.get(k) != ib.get(k)]
-
-
-def summary(stdout):
-    j = json.loads([l for l in stdout.splitlines() if l.startswith("{")][-1])
-    return {k: v for k, v in j.items() if "seconds" not in k and k not in ("ranks", "threads")}
-
-
-def rank_pids(parent):
-    """Pids of the direct children of `parent` (mpirun forks the local ranks itself)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                pids.append(int(d))
-    return pids
-
-
 def run(argv, timeout=TIMEOUT):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
@@ -122,7 +74,7 @@ def main():
         # start), not the wall time, which MPI start-up dominates for these short fits.
         stamps = [float(l.rsplit(None, 1)[-1].rstrip("s")) for l in lines]
         interval = (stamps[-1] - stamps[0]) / max(1, len(lines) - 1)
-        refs[cfg] = (len(lines), summary(r.stdout), interval)
+        refs[cfg] = (len(lines), json_summary(r.stdout), interval)
         print(f"reference {cfg}: {len(lines)} progress lines, {time.time() - t0:.2f} s")
 
     pick = random.Random(20261123)
@@ -187,9 +139,9 @@ def main():
         if r.returncode != 0:
             return True, (f"FAIL trial {trial} ({cfg}): resume exited {r.returncode}:\n"
                           f"{r.stderr[-500:]}"), cfg, where
-        diffs = compare_h5(p(f"ref_{cfg}_model.h5"), p(f"{tag}_model.h5"))
-        if summary(r.stdout) != refs[cfg][1]:
-            diffs.append(f"JSON summary {summary(r.stdout)} != {refs[cfg][1]}")
+        diffs = h5_differences(p(f"ref_{cfg}_model.h5"), p(f"{tag}_model.h5"))
+        if json_summary(r.stdout) != refs[cfg][1]:
+            diffs.append(f"JSON summary {json_summary(r.stdout)} != {refs[cfg][1]}")
         if diffs:
             return True, (f"FAIL trial {trial} ({cfg}, stopped at {unit} {where}, resumed at "
                           f"{resume_ranks} ranks): " + "; ".join(diffs[:6])), cfg, where
@@ -216,7 +168,7 @@ def main():
     if r.returncode != 0 or not os.path.exists(ck):
         problems.append(f"exit {r.returncode}, checkpoint exists: {os.path.exists(ck)}")
     else:
-        problems += compare_h5(p("ref_svi_model.h5"), p("every_model.h5"))
+        problems += h5_differences(p("ref_svi_model.h5"), p("every_model.h5"))
         with h5py.File(ck, "r") as f:
             where = int(f.attrs["t"])
         # 2000 documents in minibatches of 100: 20 steps a pass, 160 in all; the last boundary
@@ -228,7 +180,7 @@ def main():
         if r.returncode != 0:
             problems.append(f"resume exited {r.returncode}: {r.stderr[-300:]}")
         else:
-            problems += compare_h5(p("ref_svi_model.h5"), p("every_model.h5"))
+            problems += h5_differences(p("ref_svi_model.h5"), p("every_model.h5"))
     if problems:
         failures += 1
         print(f"FAIL --checkpoint-every 5 (svi): {'; '.join(problems[:6])}")
