@@ -19,6 +19,7 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   auto algorithm = std::make_shared<std::string>("cavi");
   auto weights = std::make_shared<std::string>("dirichlet");
   auto schedule = std::make_shared<std::string>("robbins-monro");
+  auto precision = std::make_shared<std::string>("double");
   auto* fit = gmm->add_subcommand("fit", "Fit a mixture by CAVI, SVI or EM");
   fit->add_option("--data", o->data, "Input FILE.h5[:/path] (default path /X), N x D")->required();
   fit->add_option("-k,--components", o->components, "Number of components K")->required();
@@ -75,6 +76,11 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
                 "Sum statistics in plain double instead of exactly: faster, but results then "
                 "change in their last bits with the number of ranks and threads "
                 "(docs/reproducibility.md)");
+  fit->add_option("--precision", *precision,
+                  "double | single: float32 products in the full-covariance E-step, double "
+                  "sums (faster at large D; results change by the float rounding)")
+      ->check(CLI::IsMember({"double", "single"}))
+      ->capture_default_str();
   fit->add_option("--full-elbo-every", o->full_elbo_every,
                   "SVI: also compute the full ELBO every S steps (not timed)");
   fit->add_option("--heldout", o->heldout,
@@ -95,10 +101,11 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->footer(
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
       "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
-  fit->callback([&ctx, o, cov, algorithm, weights, schedule] {
+  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    ctx.action = [&ctx, o, cov, algorithm, weights, schedule] {
+    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision] {
       o->covariance = gmm::parse_covariance(*cov);
+      o->precision = gmm::parse_precision(*precision);
       o->algorithm = gmm::parse_algorithm(*algorithm);
       o->weights = gmm::parse_weight_prior(*weights);
       o->schedule = gmm::parse_schedule(*schedule);

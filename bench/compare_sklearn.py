@@ -3,7 +3,8 @@
 data, and print the ratios: CAVI against BayesianGaussianMixture and EM against GaussianMixture
 (--algorithm), full or diagonal covariance (--covariance). caviar runs with its default exact
 (bitwise reproducible) sums, and also with --fast-reduce, whose ratio to the former is the cost of
-reproducibility.
+reproducibility, and (full covariance) with --precision single, whose objective after the same
+iterations is compared with the double fit's.
 
 Both are timed per iteration from their own progress output, and the median is taken (robust to
 other processes on a shared machine): caviar's trace/seconds (cumulative seconds, differenced)
@@ -48,7 +49,7 @@ def run(argv, env=None):
 
 
 def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, covariance,
-                    fast=False):
+                    fast=False, single=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init", "random",
                             "--seed", "1", "--max-iter", str(iters), "--tol", "0",
@@ -56,6 +57,8 @@ def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, 
                             "--out", os.path.join(workdir, "caviar_model.h5")]
     if fast:
         argv.append("--fast-reduce")
+    if single:
+        argv += ["--precision", "single"]
     r = run(argv, env)
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     return (per_iteration_seconds(os.path.join(workdir, "caviar_model.h5"), iters),
@@ -139,13 +142,19 @@ def main():
         sk = sklearn_per_iter(x, k, SKLEARN_ITERS[si], args.algorithm, args.covariance)
         kind = (args.caviar, data + ":/X", k)
         opts = (CAVIAR_ITERS[si], args.workdir, args.algorithm, args.covariance)
-        one, _ = caviar_per_iter(*kind, 1, threads, *opts)
+        one, elbo = caviar_per_iter(*kind, 1, threads, *opts)
         two, _ = caviar_per_iter(*kind, threads, 1, *opts)
         fast, _ = caviar_per_iter(*kind, 1, threads, *opts, fast=True)
-        rows.append((n, d, k, sk, one, two, fast))
+        # --precision single (full covariance only): its time and its objective's relative
+        # difference from the double fit's after the same iterations.
+        single, rel = float("nan"), float("nan")
+        if args.covariance == "full":
+            single, elbo32 = caviar_per_iter(*kind, 1, threads, *opts, single=True)
+            rel = abs(elbo32 - elbo) / abs(elbo)
+        rows.append((n, d, k, sk, one, two, fast, single, rel))
         print(f"# shape {si}: N={n} D={d} K={k}: sklearn {sk:.4f} s/iter, caviar 1x{threads} "
-              f"{one:.4f}, {threads}x1 {two:.4f}, 1x{threads} --fast-reduce {fast:.4f}",
-              file=sys.stderr, flush=True)
+              f"{one:.4f}, {threads}x1 {two:.4f}, 1x{threads} --fast-reduce {fast:.4f}, "
+              f"1x{threads} --precision single {single:.4f}", file=sys.stderr, flush=True)
 
     peak = dgemm_peak(threads)
     load = os.getloadavg()[0]
@@ -155,18 +164,21 @@ def main():
           f"inflate both sides)")
     print(f"| N | D | K | sklearn s/iter | caviar 1 rank x {threads} threads | ratio | "
           f"caviar {threads} ranks x 1 thread | ratio | 1x{threads} --fast-reduce | exact/fast | "
-          f"caviar nominal GFLOP/s (% of DGEMM) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for n, d, k, sk, one, two, fast in rows:
+          f"caviar nominal GFLOP/s (% of DGEMM) | 1x{threads} --precision single | double/single | "
+          f"objective rel. diff. single |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, d, k, sk, one, two, fast, single, rel in rows:
         g = nominal_gflops(n, d, k, min(one, two), args.covariance)
         print(f"| {n} | {d} | {k} | {sk:.4f} | {one:.4f} | {sk / one:.1f}x | {two:.4f} | "
-              f"{sk / two:.1f}x | {fast:.4f} | {one / fast:.2f} | {g:.1f} ({100 * g / peak:.0f}%) |")
+              f"{sk / two:.1f}x | {fast:.4f} | {one / fast:.2f} | {g:.1f} ({100 * g / peak:.0f}%) | "
+              f"{single:.4f} | {one / single:.2f} | {rel:.1e} |")
     print(f"DGEMM peak measured in this run (numpy/OpenBLAS, {threads} threads, 4096^3): "
           f"{peak:.1f} GFLOP/s")
     print(json.dumps({"algorithm": args.algorithm, "covariance": args.covariance,
                       "dgemm_gflops": peak,
                       "rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
-                                    caviar_Tx1=r[5], caviar_fast_1xT=r[6]) for r in rows]}))
+                                    caviar_Tx1=r[5], caviar_fast_1xT=r[6], caviar_single_1xT=r[7],
+                                    single_rel_diff=r[8]) for r in rows]}))
 
 
 if __name__ == "__main__":

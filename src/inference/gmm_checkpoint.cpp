@@ -58,6 +58,7 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
   }
   // Plain double sums change with the summation order, hence the last bits.
   fp.add("fast_reduce", static_cast<std::int64_t>(o_.fast_reduce), "--fast-reduce");
+  fp.add("precision", to_string(o_.precision), "--precision");
   // Streaming changes how rows are grouped into partial sums (with --fast-reduce).
   fp.add("stream", static_cast<std::int64_t>(o_.stream), "--stream");
   if (o_.stream) fp.add("chunk_rows", static_cast<std::int64_t>(o_.chunk_rows), "--chunk-rows");

@@ -444,6 +444,7 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
   w.attr("data", o.data);
   w.attr("tol", o.tol);
   w.attr("reduction", std::string(o.fast_reduce ? "fast" : "exact"));
+  w.attr("precision", to_string(o.precision));
   w.attr("version", o.version);
   w.attr("command", o.command);
   w.commit();
@@ -650,6 +651,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   const Estimator est =
       o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
   Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
+  model.set_precision(o.precision);
   ck.open(ref, src.shape(), model, init);
 
   // lambda_0: the M-step from the initial responsibilities.

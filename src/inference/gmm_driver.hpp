@@ -42,6 +42,9 @@ struct FitOptions {
   // Sum statistics in double in thread and rank order instead of exactly (see Stats): faster,
   // but the last bits of every result then depend on the rank and thread counts.
   bool fast_reduce = false;
+  // float32 products in the full-covariance E-step (Model::set_precision): faster, results
+  // change by about the float rounding of the distances.
+  Precision precision = Precision::kDouble;
   std::int64_t chunk_rows = 0;  // rows per chunk of a streamed full pass (0: about 8 MB)
   int full_elbo_every = 0;      // SVI: also compute the full ELBO every S steps (clock paused)
   std::string heldout;          // FILE.h5[:/path]: report the held-out score after fitting

@@ -64,6 +64,7 @@ def main():
         "dp-heldout": ["--weights", "stick-breaking", "--prior-scale", "data", "--prior-mean",
                        "data", "--max-iter", "15", "--heldout", data],
         "cavi-diag": ["--covariance", "diag", "--init", "random", "--max-iter", "15"],
+        "cavi-single": ["--precision", "single", "--max-iter", "15"],
     }
     for name, extra in cases.items():
         labels = name in ("cavi", "em")

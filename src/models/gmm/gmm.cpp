@@ -34,6 +34,16 @@ std::string to_string(WeightPrior w) {
   return w == WeightPrior::kDirichlet ? "dirichlet" : "stick-breaking";
 }
 
+Precision parse_precision(const std::string& s) {
+  if (s == "double") return Precision::kDouble;
+  if (s == "single") return Precision::kSingle;
+  throw Error("unknown precision '" + s + "' (expected double or single)");
+}
+
+std::string to_string(Precision p) {
+  return p == Precision::kDouble ? "double" : "single";
+}
+
 Prior default_prior(Covariance cov, int dim, int n_components) {
   Prior p;
   p.alpha0 = 1.0 / n_components;
@@ -416,6 +426,25 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
     // (x - m)^T W (x - m) = ||P^T (x - c) - P^T (m - c)||^2 with P P^T = W, for a group of
     // components at once: one GEMM [P_k ... P_k+g]^T (x - c)^T, then sums of D squared lines.
     // Groups keep the product block (gD x n) within ~1 MB of cache.
+    if (precision_ == Precision::kSingle) {
+      // float32 products, double sums (issue 4). Each component's rows are centred on m_k in
+      // double and rounded once to float, so the product P_k^T (x - m_k) is of small numbers and
+      // nothing cancels afterwards; forming P^T (x - c) - P^T (m - c) in float instead would
+      // subtract two large rounded values for points far from c. The squares are summed in
+      // double. Relative error of the quadratic form: about sqrt(D) x 2^-24.
+      thread_local Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> xf, yf;
+      for (int k = 0; k < kk; ++k) {
+        xf = (xt.colwise() - m_shifted_.row(k).transpose()).cast<float>();
+        if (d >= kTriangularMinDim)
+          yf.noalias() = prec_chol_t_f_[std::size_t(k)].triangularView<Eigen::Lower>() * xf;
+        else
+          yf.noalias() = prec_chol_t_f_[std::size_t(k)] * xf;
+        quad.setZero();
+        for (int j = 0; j < d; ++j) quad += yf.row(j).cast<double>().array().square();
+        out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
+      }
+      return;
+    }
     if (d <= 4) {
       // Tiny D: the GEMM's depth would be D, so form each line P_k^T (x - c) directly.
       for (int k = 0; k < kk; ++k) {
@@ -680,9 +709,21 @@ void Model::refresh() {
   refresh_kernel();
 }
 
+void Model::set_precision(Precision p) {
+  if (p == Precision::kSingle && cov_ != Covariance::kFull)
+    throw Error(
+        "--precision single needs --covariance full (the diagonal E-step has no products "
+        "to speed up)");
+  precision_ = p;
+  if (prec_chol_.size() == std::size_t(k_)) refresh_kernel();
+}
+
 void Model::refresh_kernel() {
   if (cov_ != Covariance::kFull) return;
   const int d = dim(), kk = n_components();
+  prec_chol_t_f_.clear();
+  if (precision_ == Precision::kSingle)
+    for (int k = 0; k < kk; ++k) prec_chol_t_f_.push_back(prec_chol_[k].transpose().cast<float>());
   prec_all_.resize(d, Index(kk) * d);
   offset_all_.resize(Index(kk) * d);
   for (int k = 0; k < kk; ++k) {

@@ -51,6 +51,13 @@ std::string to_string(WeightPrior w);
 
 enum class Estimator { kVariational, kMaximumLikelihood };
 
+// The arithmetic of the full-covariance E-step's distances (x - m_k)^T W_k (x - m_k): double, or
+// float32 products with double sums (--precision single; issue 4's float32 data path, see
+// Model::log_rho). Everything else is double either way.
+enum class Precision { kDouble, kSingle };
+Precision parse_precision(const std::string& s);
+std::string to_string(Precision p);
+
 struct Prior {
   WeightPrior weights = WeightPrior::kDirichlet;
   double alpha0 = 0;       // Dirichlet concentration per component, or the DP concentration
@@ -198,6 +205,9 @@ class Model {
   const Posterior& posterior() const { return post_; }
   const Eigen::VectorXd& shift() const { return shift_; }
   Stats make_stats() const { return Stats(dim(), n_components(), cov_); }
+  // Throws caviar::Error for kSingle with diagonal covariance (whose E-step has no products).
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
 
   // The grid of exact statistic sums over at most n_rows rows whose centred values are bounded,
   // |x_nj - c_j| <= max_abs_j: |N_k| <= n, |Sx_kj| <= n a_j, |Sxx_kij| <= n a_i a_j, each with a
@@ -290,6 +300,8 @@ class Model {
   // of rows gives every (x_n - m_k)^T P_k at once.
   Eigen::MatrixXd prec_all_;
   Eigen::RowVectorXd offset_all_;
+  Precision precision_ = Precision::kDouble;
+  std::vector<Eigen::MatrixXf> prec_chol_t_f_;  // kSingle: P_k^T (lower triangular) in float
 };
 
 }  // namespace caviar::gmm
