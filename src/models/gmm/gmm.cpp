@@ -300,9 +300,13 @@ struct Accumulator {
         for (Index i = 0; i < rt.cols(); ++i) m += rt(k, i) >= kNegligibleResp;
         // Nothing to add: the block's sums would be below the grid (or exactly zero).
         if (m == 0) continue;
-        z.resize(m, d);
-        for (Index i = 0, j = 0; i < rt.cols(); ++i)
-          if (rt(k, i) >= kNegligibleResp) z.row(j++) = std::sqrt(rt(k, i)) * xq.row(i);
+        if (m == rt.cols()) {  // every row kept (dense responsibilities): one vectorised pass
+          z = (xq.array().colwise() * rt.row(k).transpose().array().sqrt()).matrix();
+        } else {
+          z.resize(m, d);
+          for (Index i = 0, j = 0; i < rt.cols(); ++i)
+            if (rt(k, i) >= kNegligibleResp) z.row(j++) = std::sqrt(rt(k, i)) * xq.row(i);
+        }
         scatter.setZero(d, d);
         scatter.selfadjointView<Eigen::Lower>().rankUpdate(z.transpose());
         std::size_t out = std::size_t(k * row + 1 + d);
