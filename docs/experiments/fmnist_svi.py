@@ -48,7 +48,7 @@ STL_CAVI_MAX, STL_SVI_EPOCHS = 15, 3
 # with caps meant to be out of reach (if one is hit, the stop reason says so). Fashion-MNIST
 # CAVI uses tol 1e-6, as the earlier version's uncapped runs (Table F).
 CONV = dict(stl=dict(cavi_tol=1e-5, cavi_max=300, svi_tol=1e-5, svi_epochs=40),
-            fmnist=dict(cavi_tol=1e-6, cavi_max=2000, svi_tol=1e-5, svi_epochs=150))
+            fmnist=dict(cavi_tol=1e-6, cavi_max=2000, svi_tol=1e-5, svi_epochs=100))
 # tau0 per batch size (part tau0): the adaptive schedule at K = 30 with the batch sweep's budget.
 TAU0_BS, TAU0S, TAU0_DEFAULT = (64, 1024), (64, 500, 4096), 500.0
 # STL-shaped set: caviar generate gmm (means ~ N(0, 16 I), covariances 0.5 I + A A^T / 2D) is far
@@ -129,8 +129,8 @@ def key(r):
     k = "%s|%s|K%d|B%d|s%d" % (r["data"], r["method"], r["K"], r["B"], r["seed"])
     if r.get("run", "capped") != "capped":
         k += "|" + r["run"]
-    if r.get("tau0", TAU0_DEFAULT) != TAU0_DEFAULT:
-        k += "|tau%g" % r["tau0"]
+    if r.get("tau0", TAU0_DEFAULT) != TAU0_DEFAULT or r.get("run") == "tau0":
+        k += "|tau%g" % r.get("tau0", TAU0_DEFAULT)
     return k
 
 
@@ -190,7 +190,7 @@ def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, s
     if run != "capped":
         rec.update(run=run, threads=THREADS, init=init if init in ("kmeans++", "random") else
                    "file", tol=cavi_tol if method.startswith("cavi") else svi_tol)
-    if tau0 != TAU0_DEFAULT:
+    if tau0 != TAU0_DEFAULT or run == "tau0":
         rec["tau0"] = tau0
     with h5py.File(out, "r") as f:
         if method.startswith("cavi"):
@@ -255,13 +255,34 @@ def plan(parts, seeds, stl_seeds, tau0_seeds):
         for s in seeds:
             for m in METHODS:
                 add("fmnist", m, 30, 512, s, True, run="conv", checks=1)
-    if "tau0" in parts:  # tau0 = 500 at these B is in the batch sweep
+    if "tau0" in parts:  # tau0 = 500 again too: the batch sweep's fits ran an older build
         for s in tau0_seeds:
             for b in TAU0_BS:
                 for tau in TAU0S:
-                    if tau != TAU0_DEFAULT:
-                        add("fmnist", "svi-adaptive", 30, b, s, False, tau0=float(tau))
+                    add("fmnist", "svi-adaptive", 30, b, s, False, tau0=float(tau), run="tau0")
     return todo
+
+
+def load_runs(res_path):
+    return json.load(open(res_path)) if os.path.exists(res_path) else []
+
+
+def save_runs(res_path, add=None, update=None):
+    """Appends a record (add) or merges fields into the record of the same key (update), under a
+    lock and re-reading the file first, so that several processes may share a work directory."""
+    import fcntl
+    with open(res_path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = load_runs(res_path)
+        if add is not None:
+            runs.append(add)
+        if update is not None:
+            for r in runs:
+                if key(r) == key(update):
+                    r.update(update)
+        with open(res_path + ".tmp", "w") as f:
+            json.dump(runs, f, indent=0)
+        os.replace(res_path + ".tmp", res_path)
 
 
 def parse_seeds(text):
@@ -274,8 +295,6 @@ def run(a):
     THREADS = a.threads
     os.makedirs(a.workdir, exist_ok=True)
     res_path = os.path.join(a.workdir, "results.json")
-    runs = json.load(open(res_path)) if os.path.exists(res_path) else []
-    done = {key(r) for r in runs}
     datasets = {}
     for p in plan(a.parts.split(","), parse_seeds(a.seeds), parse_seeds(a.stl_seeds),
                   parse_seeds(a.tau0_seeds)):
@@ -283,7 +302,7 @@ def run(a):
         if m not in a.methods.split(",") or (a.ks and str(k) not in a.ks.split(",")):
             continue
         kk = key(dict(p, B=b if not m.startswith("cavi") else 0))
-        if kk in done:
+        if kk in {key(r) for r in load_runs(res_path)}:  # re-read: another process may share it
             continue
         if a.stop_at and time.strftime("%H:%M", time.gmtime()) >= a.stop_at:
             print("stop-at %s reached; not starting %s" % (a.stop_at, kk), flush=True)
@@ -294,7 +313,7 @@ def run(a):
         run_tag = p.get("run", "capped")
         kw = dict(run=run_tag, tau0=p.get("tau0", TAU0_DEFAULT), checks=p.get("checks"),
                   save_resp=p.get("save_resp", False))
-        if run_tag == "capped":
+        if run_tag in ("capped", "tau0"):  # tau0: the batch sweep's budget
             caps = (STL_CAVI_MAX, STL_SVI_EPOCHS) if d == "stl" else (CAVI_MAX, SVI_EPOCHS)
         else:
             c = CONV[d]
@@ -308,10 +327,7 @@ def run(a):
                 continue
             kw["init"] = src + ":/responsibilities"
         rec = fit(a.caviar, a.workdir, d, train, test, n, m, k, b, s, p["trace"], *caps, **kw)
-        runs.append(rec)
-        with open(res_path + ".tmp", "w") as f:
-            json.dump(runs, f, indent=0)
-        os.replace(res_path + ".tmp", res_path)
+        save_runs(res_path, add=rec)
         print("%s elbo/pt %.4f heldout %.4f %.1fs it %d %s load %.1f%s" % (
             kk, rec["elbo_per_point"], rec["heldout"], rec["seconds"], rec["iterations"],
             rec["stop"], rec["load1_start"],
@@ -471,7 +487,7 @@ def tables(runs, old):
 
 def is_capped(r):
     """The capped sweep (Tables A-G): no run tag and the default tau0."""
-    return r.get("run", "capped") == "capped" and r.get("tau0", TAU0_DEFAULT) == TAU0_DEFAULT
+    return r.get("run", "capped") == "capped"
 
 
 def seed_rows(rs):
@@ -572,43 +588,50 @@ def conv_tables(runs):
                        "are fitting seconds from the full-ELBO traces (SVI: one check per "
                        "epoch, so its time is rounded up to an epoch end); *never* means not "
                        "within the run.\n")
+            out.append("The last two columns give the SVI run's end (fitting seconds) and when "
+                       "CAVI first passed that run's final ELBO.\n")
             out.append("| seed | CAVI final ELBO | target | CAVI reaches it at s | RM reaches it "
-                       "at s | adaptive reaches it at s | RM final | adaptive final |")
-            out.append("|---|---|---|---|---|---|---|---|")
+                       "at s | adaptive reaches it at s | RM final | adaptive final "
+                       "| RM / adaptive end s | CAVI passes RM / adaptive final at s |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|")
             for s_ in sorted(cv):
                 c_ = cv[s_]
                 tgt = c_["elbo_per_point"] - 1e-3 * abs(c_["elbo_per_point"])
-                cells = []
-                finals = []
+                cells, finals, ends, passes = [], [], [], []
                 for m in ("svi-rm", "svi-adaptive"):
                     v = [r for r in fm if r["method"] == m and r["seed"] == s_]
                     if v and "trace_seconds" in v[0]:
                         t = reach_time(v[0], tgt)
                         cells.append("never" if t is None else "%.1f" % t)
                         finals.append("%.3f" % v[0]["elbo_per_point"])
+                        ends.append("%.1f" % v[0]["seconds"])
+                        tp = reach_time(c_, v[0]["trace_elbo_per_point"][-1])
+                        passes.append("never" if tp is None else "%.1f" % tp)
                     else:
                         cells.append("not run")
                         finals.append("–")
+                        ends.append("–")
+                        passes.append("–")
                 tc = reach_time(c_, tgt)
-                out.append("| %d | %.3f | %.3f | %s | %s | %s | %s | %s |" % (
+                out.append("| %d | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s |" % (
                     s_, c_["elbo_per_point"], tgt, "%.1f" % tc if tc is not None else "never",
-                    cells[0], cells[1], finals[0], finals[1]))
-    tu = [r for r in runs if r["data"] == "fmnist" and r["method"] == "svi-adaptive"
-          and r["K"] == 30 and r["B"] in TAU0_BS and r.get("run", "capped") == "capped"]
-    tseeds = sorted({r["seed"] for r in tu if "tau0" in r})
+                    cells[0], cells[1], finals[0], finals[1], " / ".join(ends),
+                    " / ".join(passes)))
+    tu = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "tau0"]
+    tseeds = sorted({r["seed"] for r in tu})
     if tseeds:
         out.append("\n### Table L. Adaptive schedule: tau0 per batch size (Fashion-MNIST, K = 30)"
                    "\n")
-        out.append("Same budget as the batch sweep (%d epochs). The tau0 = 500 rows are the "
-                   "batch sweep's fits of the same seeds (%s).\n" % (
+        out.append("The batch sweep's budget (%d epochs, stopping rule as there), seeds %s, all "
+                   "with the same build (tau0 = 500 rerun; the batch sweep's own fits, Table B, "
+                   "ran an older and slower build under more load).\n" % (
                        SVI_EPOCHS, ", ".join(str(v) for v in tseeds)))
         out.append("| B | tau0 | seeds | ELBO per point | held-out | fit s (mean) | stop reasons "
                    "| load (1 min) |")
         out.append("|---|---|---|---|---|---|---|---|")
         for b in TAU0_BS:
             for tau in TAU0S:
-                rs = [r for r in tu if r["B"] == b and r.get("tau0", TAU0_DEFAULT) == tau
-                      and r["seed"] in tseeds]
+                rs = [r for r in tu if r["B"] == b and r["tau0"] == tau]
                 if rs:
                     e, h = mse([r["elbo_per_point"] for r in rs]), mse([r["heldout"] for r in rs])
                     out.append("| %d | %g | %d | %.3f ± %.3f | %.3f ± %.3f | %.1f | %s | %.1f–%.1f |"
@@ -616,6 +639,17 @@ def conv_tables(runs):
                                   np.mean([r["seconds"] for r in rs]), stops(rs),
                                   min(r["load1_start"] for r in rs),
                                   max(r["load1_end"] for r in rs)))
+        out.append("\nPer seed (ELBO per point / held-out):\n")
+        out.append("| B | tau0 | " + " | ".join("seed %d" % v for v in tseeds) + " |")
+        out.append("|---|---|" + "---|" * len(tseeds))
+        for b in TAU0_BS:
+            for tau in TAU0S:
+                cells = []
+                for v in tseeds:
+                    rs = [r for r in tu if r["B"] == b and r["tau0"] == tau and r["seed"] == v]
+                    cells.append("%.3f / %.3f" % (rs[0]["elbo_per_point"], rs[0]["heldout"])
+                                 if rs else "not run")
+                out.append("| %d | %g | %s |" % (b, tau, " | ".join(cells)))
     new = [r for r in runs if not is_capped(r)]
     if new:
         loads = [r["load1_start"] for r in new] + [r["load1_end"] for r in new]
@@ -627,6 +661,88 @@ def conv_tables(runs):
 
 
 COLORS = {"cavi": "C0", "svi-rm": "C1", "svi-adaptive": "C2"}
+
+
+def conv_summary(runs):
+    """The numbers the text of fmnist_svi.md quotes for Tables H-K, computed here (so that none
+    is typed by hand)."""
+    out = []
+    st = [r for r in runs if r["data"] == "stl" and r.get("run") == "conv"]
+    dg = [r for r in runs if r["data"] == "stl" and r.get("run") == "diag"]
+
+    def rng(v, f="%.3f"):
+        return (f + "–" + f) % (min(v), max(v)) if len(v) > 1 else f % v[0]
+    for m in METHODS:
+        rs = sel(st, method=m)
+        if rs:
+            out.append("- STL-shaped, %s (%d seeds): ELBO %s per point (data term %s, KL %s); "
+                       "components holding ≥ 1%% of the rows: %s; held-out %s; stops: %s." % (
+                           NAMES[m], len(rs), rng([r["elbo_per_point"] for r in rs]),
+                           rng([r["data_per_point"] for r in rs]),
+                           rng([r["kl_per_point"] for r in rs]),
+                           rng([r["active"] for r in rs], "%d"),
+                           rng([r["heldout"] for r in rs]), stops(rs)))
+    cv = {r["seed"]: r for r in st if r["method"] == "cavi"}
+    for m in METHODS[1:]:
+        pr = [(r, cv[r["seed"]]) for r in sel(st, method=m) if r["seed"] in cv]
+        if pr:
+            out.append("- STL-shaped, %s minus CAVI, same seed (%d pairs): ELBO %s, data term "
+                       "%s, KL %s, held-out %s per point." % (
+                           NAMES[m], len(pr),
+                           rng([r["elbo_per_point"] - c["elbo_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["data_per_point"] - c["data_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["kl_per_point"] - c["kl_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["heldout"] - c["heldout"] for r, c in pr], "%+.3f")))
+    for r in dg:
+        if r["K"] == 1:
+            out.append("- STL-shaped, a single Gaussian (CAVI, K = 1): ELBO %.3f per point (data "
+                       "term %.3f, KL %.3f), held-out %.3f, %d iterations (%s)." % (
+                           r["elbo_per_point"], r["data_per_point"], r["kl_per_point"],
+                           r["heldout"], r["iterations"], r["stop"]))
+    rm = {r["seed"]: r for r in st if r["method"] == "svi-rm"}
+    rs = [r for r in dg if r["method"] == "cavi-from-svi-rm" and r["seed"] in rm]
+    if rs:
+        out.append("- CAVI restarted from RM's responsibilities (%d seeds): ELBO change %s per "
+                   "point, ending with %s components ≥ 1%%, %s iterations (%s)." % (
+                       len(rs), rng([r["elbo_per_point"] - rm[r["seed"]]["elbo_per_point"]
+                                     for r in rs], "%+.3f"),
+                       rng([r["active"] for r in rs], "%d"),
+                       rng([r["iterations"] for r in rs], "%d"), stops(rs)))
+    chk = [r for r in st + dg if "reference_elbo_per_point" in r]
+    if chk:
+        out.append("- The NumPy reference reproduces caviar's reported ELBO of %d STL models "
+                   "(CAVI and SVI) to within %.1e per point." % (
+                       len(chk), max(abs(r["elbo_per_point"] - r["reference_elbo_per_point"])
+                                     for r in chk)))
+    fm = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "conv"]
+    cf = {r["seed"]: r for r in fm if r["method"] == "cavi"}
+    for m in METHODS[1:]:
+        pr = [(r, cf[r["seed"]]) for r in sel(fm, method=m) if r["seed"] in cf]
+        if pr:
+            tg = [reach_time(r, c["elbo_per_point"] - 1e-3 * abs(c["elbo_per_point"]))
+                  for r, c in pr]
+            out.append("- Fashion-MNIST, converged %s minus converged CAVI, same seed (%d pairs): "
+                       "ELBO %s, held-out %s per point; SVI fit time / CAVI fit time %s; SVI "
+                       "reached CAVI's ELBO within 0.1%% in %d of %d; SVI stops: %s." % (
+                           NAMES[m], len(pr),
+                           rng([r["elbo_per_point"] - c["elbo_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["heldout"] - c["heldout"] for r, c in pr], "%+.3f"),
+                           rng([r["seconds"] / c["seconds"] for r, c in pr], "%.2f"),
+                           sum(t is not None for t in tg), len(pr),
+                           stops([r for r, _ in pr])))
+    pr = [(r, v) for r in sel(fm, method="svi-rm") for v in sel(fm, method="svi-adaptive")
+          if r["seed"] == v["seed"]]
+    if pr:
+        out.append("- Fashion-MNIST, SVI epochs at the stop (RM / adaptive, by seed): %s; the two "
+                   "schedules stopped at the same epoch in %d of %d seeds." % (
+                       ", ".join("%d / %d" % (r["iterations"], v["iterations"]) for r, v in pr),
+                       sum(r["iterations"] == v["iterations"] for r, v in pr), len(pr)))
+    rs = sel(fm, method="cavi")
+    if rs:
+        out.append("- Fashion-MNIST, converged CAVI (%d seeds): %s iterations, %s s; stops: %s."
+                   % (len(rs), rng([r["iterations"] for r in rs], "%d"),
+                      rng([r["seconds"] for r in rs], "%.1f"), stops(rs)))
+    return "\n".join(out)
 
 
 COLORS["cavi-from-svi-rm"] = "C3"
@@ -745,6 +861,9 @@ def report(a):
     extra = conv_tables(runs)
     if extra:
         text += "\n\n" + extra
+        summary = conv_summary(runs)
+        if summary:
+            text += "\n\n**Summary of Tables H–K** (computed by the script):\n\n" + summary
     print(text)
     md = os.path.join(HERE, "fmnist_svi.md")
     if os.path.exists(md):
@@ -812,9 +931,7 @@ def check(a):
         r["reference_data_per_point"] = t["data"] / r["n"]
         print("%s: caviar %.6f, reference %.6f per point" % (
             key(r), r["elbo_per_point"], r["reference_elbo_per_point"]), flush=True)
-        with open(res_path + ".tmp", "w") as f:
-            json.dump(runs, f, indent=0)
-        os.replace(res_path + ".tmp", res_path)
+        save_runs(res_path, update=r)
 
 
 def main():
