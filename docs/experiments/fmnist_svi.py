@@ -44,6 +44,13 @@ METHODS = ("cavi", "svi-rm", "svi-adaptive")
 CAVI_TOL, CAVI_MAX = 1e-5, 100
 SVI_TOL, SVI_EPOCHS = 1e-5, 8
 STL_CAVI_MAX, STL_SVI_EPOCHS = 15, 3
+# Runs "to convergence" (the parts stl-conv, stl-diag and fmnist-conv): the same stopping rules
+# with caps meant to be out of reach (if one is hit, the stop reason says so). Fashion-MNIST
+# CAVI uses tol 1e-6, as the earlier version's uncapped runs (Table F).
+CONV = dict(stl=dict(cavi_tol=1e-5, cavi_max=300, svi_tol=1e-5, svi_epochs=40),
+            fmnist=dict(cavi_tol=1e-6, cavi_max=2000, svi_tol=1e-5, svi_epochs=100))
+# tau0 per batch size (part tau0): the adaptive schedule at K = 30 with the batch sweep's budget.
+TAU0_BS, TAU0S, TAU0_DEFAULT = (64, 1024), (64, 500, 4096), 500.0
 # STL-shaped set: caviar generate gmm (means ~ N(0, 16 I), covariances 0.5 I + A A^T / 2D) is far
 # too well separated in D = 192 (the true-parameter classifier is 100% right, and still 98.8%
 # with all means equal, from the covariances alone). We keep each point's component z and
@@ -54,10 +61,13 @@ STL_N, STL_TRAIN, STL_DIM, STL_K, STL_GEN_SEED = 100000, 90000, 192, 30, 7
 STL_S, STL_LAM = 0.06, 0.3
 
 
+THREADS = 1  # OpenMP threads per fit (--threads)
+
+
 def mpi_env():
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS=str(THREADS))
     return env
 
 
@@ -115,37 +125,75 @@ def prep_stl(caviar, wd):
 
 
 def key(r):
-    return "%s|%s|K%d|B%d|s%d" % (r["data"], r["method"], r["K"], r["B"], r["seed"])
+    """A fit's identity. The capped sweep's records (no run tag, tau0 500) keep their old keys."""
+    k = "%s|%s|K%d|B%d|s%d" % (r["data"], r["method"], r["K"], r["B"], r["seed"])
+    if r.get("run", "capped") != "capped":
+        k += "|" + r["run"]
+    if r.get("tau0", TAU0_DEFAULT) != TAU0_DEFAULT or r.get("run") == "tau0":
+        k += "|tau%g" % r.get("tau0", TAU0_DEFAULT)
+    return k
 
 
-def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, svi_epochs):
+def posterior_summary(path, n):
+    """From a model file alone: the components' counts N_k (alpha_k - alpha0, largest first), how
+    many hold at least 1% of the rows, and the ELBO split into its data term
+    sum_n ln sum_k rho_nk (per row) and KL(q(theta) || p(theta)) (per row). The KL comes from the
+    independent NumPy reference (tests/python/gmm_reference.py, Bishop 10.73-10.77), so the split
+    also cross-checks that caviar's ELBO is the bound of the posterior it wrote."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+    import gmm_reference as g
+    m = g.load_model(path)
+    t = g._theta_terms(m)
+    kl = -(t["e_ln_p_pi"] + t["e_ln_p_mulam"] - t["e_ln_q_pi"] - t["e_ln_q_mulam"])
+    nk = np.sort(m["posterior"]["alpha"] - m["prior"]["alpha0"])[::-1]
+    elbo = float(m["attrs"]["elbo"])
+    return dict(nk=[round(float(v), 1) for v in nk], active=int((nk >= 0.01 * n).sum()),
+                kl_per_point=kl / n, data_per_point=(elbo + kl) / n)
+
+
+def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, svi_epochs,
+        run="capped", cavi_tol=CAVI_TOL, svi_tol=SVI_TOL, tau0=TAU0_DEFAULT, checks=None,
+        save_resp=False, init="kmeans++"):
+    """One fit; returns its record. checks: full-ELBO checks per SVI epoch when trace is set
+    (default 2 on Fashion-MNIST, 1 on the STL-shaped set; may be fractional). save_resp writes the
+    final responsibilities next to the model (for the stl-diag restarts)."""
     import h5py
-    out = os.path.join(wd, "%s_%s_K%d_B%d_s%d.h5" % (data, method, k, b, seed))
+    tag = "" if run == "capped" else "_" + run
+    tag += "" if tau0 == TAU0_DEFAULT else "_tau%g" % tau0
+    out = os.path.join(wd, "%s_%s_K%d_B%d_s%d%s.h5" % (data, method, k, b, seed, tag))
     cmd = [caviar, "gmm", "fit", "--data", train, "--components", str(k), "--seed", str(seed),
-           "--init", "kmeans++", "--heldout", test, "--out", out]
-    if method == "cavi":
-        cmd += ["--algorithm", "cavi", "--tol", str(CAVI_TOL), "--max-iter", str(cavi_max)]
+           "--init", init, "--heldout", test, "--out", out]
+    if save_resp:
+        cmd += ["--labels", out[:-3] + "_resp.h5", "--save-responsibilities"]
+    if method.startswith("cavi"):
+        cmd += ["--algorithm", "cavi", "--tol", str(cavi_tol), "--max-iter", str(cavi_max)]
     else:
-        cmd += ["--algorithm", "svi", "--batch-size", str(b), "--tol", str(SVI_TOL),
+        cmd += ["--algorithm", "svi", "--batch-size", str(b), "--tol", str(svi_tol),
                 "--max-iter", str(svi_epochs)]
         if method == "svi-rm":
             cmd += ["--schedule", "robbins-monro", "--delta", "0.9", "--omega", "1"]
         else:
-            cmd += ["--schedule", "adaptive", "--tau0", "500"]
-        if trace:  # full ELBO twice per epoch (STL: once, as a check costs a CAVI iteration);
+            cmd += ["--schedule", "adaptive", "--tau0", "%g" % tau0]
+        if checks is None:
+            checks = 1 if data == "stl" else 2
+        if trace:  # full ELBO `checks` times per epoch (STL: a check costs a CAVI iteration);
             # the clock is paused during the checks, so they are not in the times
-            per = 1 if data == "stl" else 2
-            cmd += ["--full-elbo-every", str(max(1, n // b // per))]
+            cmd += ["--full-elbo-every", str(max(1, int(round(n / b / checks))))]
     load0, w0 = os.getloadavg()[0], time.time()
     js = call(cmd)
-    rec = dict(data=data, method=method, K=k, B=b if method != "cavi" else 0, seed=seed,
-               elbo=js["elbo"], elbo_per_point=js["elbo"] / n, heldout=js["heldout"],
+    rec = dict(data=data, method=method, K=k, B=b if not method.startswith("cavi") else 0,
+               seed=seed, elbo=js["elbo"], elbo_per_point=js["elbo"] / n, heldout=js["heldout"],
                seconds=js["seconds"], wall=time.time() - w0, iterations=js["iterations"],
                steps=js.get("steps"), stop=js["stop_reason"], converged=js["converged"],
                load1_start=load0, load1_end=os.getloadavg()[0], n=n,
-               cap=cavi_max if method == "cavi" else svi_epochs)
+               cap=cavi_max if method.startswith("cavi") else svi_epochs)
+    if run != "capped":
+        rec.update(run=run, threads=THREADS, init=init if init in ("kmeans++", "random") else
+                   "file", tol=cavi_tol if method.startswith("cavi") else svi_tol)
+    if tau0 != TAU0_DEFAULT or run == "tau0":
+        rec["tau0"] = tau0
     with h5py.File(out, "r") as f:
-        if method == "cavi":
+        if method.startswith("cavi"):
             e, t = f["trace/elbo"][...], f["trace/seconds"][...]
             rec["last_rel_change"] = float(abs(e[-1] - e[-2]) / abs(e[-1])) if len(e) > 1 else None
         else:
@@ -154,39 +202,87 @@ def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, s
                                       if len(ep) > 1 else None)
             if "trace/full_elbo" in f:
                 e, t = f["trace/full_elbo"][...], f["trace/full_elbo_seconds"][...]
-                # Full-ELBO gain per point over the last epoch (2 checks), to show how far from
-                # converged a capped run is.
-                per = 1 if data == "stl" else 2
-                rec["last_epoch_gain_per_point"] = (float((e[-1] - e[-1 - per]) / n)
-                                                    if len(e) > per else None)
+                st = f["trace/full_elbo_step"][...]
+                # Full-ELBO gain per point per epoch at the end (the last two checks), to show
+                # how far from converged a capped run is.
+                rec["last_epoch_gain_per_point"] = (
+                    float((e[-1] - e[-2]) / (st[-1] - st[-2]) * (n / b) / n)
+                    if len(e) > 1 else None)
             else:
                 e = t = None
         if trace and e is not None:
             rec["trace_seconds"] = [round(float(v), 3) for v in t]
             rec["trace_elbo_per_point"] = [round(float(v) / n, 5) for v in e]
+    if run != "capped":
+        rec.update(posterior_summary(out, n))
     return rec
 
 
-def plan(parts, seeds, stl_seeds):
-    """(data, method, K, B, seed, trace) in run order: seed-major inside each part, so a part cut
+def plan(parts, seeds, stl_seeds, tau0_seeds):
+    """Fits (dicts of fit()'s arguments) in run order: seed-major inside each part, so a part cut
     short by the deadline still has every configuration at the first seeds."""
     todo = []
+
+    def add(data, m, k, b, s, trace, **kw):
+        todo.append(dict(data=data, method=m, K=k, B=b, seed=s, trace=trace, **kw))
     if "ksweep" in parts:
         for s in seeds:
             for k in KS:
                 for m in METHODS:
-                    todo.append(("fmnist", m, k, 512, s, k == 30))
+                    add("fmnist", m, k, 512, s, k == 30)
     if "batch" in parts:
         for s in seeds:
             for b in BS:
                 if b != 512:  # B = 512 at K = 30 is part of the K sweep
                     for m in METHODS[1:]:
-                        todo.append(("fmnist", m, 30, b, s, False))
+                        add("fmnist", m, 30, b, s, False)
     if "stl" in parts:
         for s in stl_seeds:
             for m in METHODS:
-                todo.append(("stl", m, 30, 512, s, True))
+                add("stl", m, 30, 512, s, True)
+    if "stl-conv" in parts:  # RM keeps its final responsibilities for stl-diag's restart
+        for s in stl_seeds:
+            for m in METHODS:
+                add("stl", m, 30, 512, s, True, run="conv", save_resp=m == "svi-rm")
+    if "stl-diag" in parts:
+        # Why RM's ELBO beats CAVI's: CAVI restarted from RM's final responsibilities (does
+        # CAVI keep RM's solution?), and a single Gaussian (K = 1) for scale.
+        add("stl", "cavi", 1, 512, 1, True, run="diag")
+        for s in stl_seeds:
+            add("stl", "cavi-from-svi-rm", 30, 512, s, True, run="diag",
+                init_from="stl_svi-rm_K30_B512_s%d_conv_resp.h5" % s)
+    if "fmnist-conv" in parts:
+        for s in seeds:
+            for m in METHODS:
+                add("fmnist", m, 30, 512, s, True, run="conv", checks=1)
+    if "tau0" in parts:  # tau0 = 500 again too: the batch sweep's fits ran an older build
+        for s in tau0_seeds:
+            for b in TAU0_BS:
+                for tau in TAU0S:
+                    add("fmnist", "svi-adaptive", 30, b, s, False, tau0=float(tau), run="tau0")
     return todo
+
+
+def load_runs(res_path):
+    return json.load(open(res_path)) if os.path.exists(res_path) else []
+
+
+def save_runs(res_path, add=None, update=None):
+    """Appends a record (add) or merges fields into the record of the same key (update), under a
+    lock and re-reading the file first, so that several processes may share a work directory."""
+    import fcntl
+    with open(res_path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = load_runs(res_path)
+        if add is not None:
+            runs.append(add)
+        if update is not None:
+            for r in runs:
+                if key(r) == key(update):
+                    r.update(update)
+        with open(res_path + ".tmp", "w") as f:
+            json.dump(runs, f, indent=0)
+        os.replace(res_path + ".tmp", res_path)
 
 
 def parse_seeds(text):
@@ -195,17 +291,18 @@ def parse_seeds(text):
 
 
 def run(a):
+    global THREADS
+    THREADS = a.threads
     os.makedirs(a.workdir, exist_ok=True)
     res_path = os.path.join(a.workdir, "results.json")
-    runs = json.load(open(res_path)) if os.path.exists(res_path) else []
-    done = {key(r) for r in runs}
     datasets = {}
-    for d, m, k, b, s, tr in plan(a.parts.split(","), parse_seeds(a.seeds),
-                                 parse_seeds(a.stl_seeds)):
+    for p in plan(a.parts.split(","), parse_seeds(a.seeds), parse_seeds(a.stl_seeds),
+                  parse_seeds(a.tau0_seeds)):
+        d, m, k, b, s = p["data"], p["method"], p["K"], p["B"], p["seed"]
         if m not in a.methods.split(",") or (a.ks and str(k) not in a.ks.split(",")):
             continue
-        kk = "%s|%s|K%d|B%d|s%d" % (d, m, k, b if m != "cavi" else 0, s)
-        if kk in done:
+        kk = key(dict(p, B=b if not m.startswith("cavi") else 0))
+        if kk in {key(r) for r in load_runs(res_path)}:  # re-read: another process may share it
             continue
         if a.stop_at and time.strftime("%H:%M", time.gmtime()) >= a.stop_at:
             print("stop-at %s reached; not starting %s" % (a.stop_at, kk), flush=True)
@@ -213,16 +310,29 @@ def run(a):
         if d not in datasets:
             datasets[d] = (prep_fmnist if d == "fmnist" else prep_stl)(a.caviar, a.workdir)
         train, test, n = datasets[d]
-        stl = d == "stl"
-        rec = fit(a.caviar, a.workdir, d, train, test, n, m, k, b, s, tr,
-                  STL_CAVI_MAX if stl else CAVI_MAX, STL_SVI_EPOCHS if stl else SVI_EPOCHS)
-        runs.append(rec)
-        with open(res_path + ".tmp", "w") as f:
-            json.dump(runs, f, indent=0)
-        os.replace(res_path + ".tmp", res_path)
-        print("%s elbo/pt %.4f heldout %.4f %.1fs it %d %s load %.1f" % (
+        run_tag = p.get("run", "capped")
+        kw = dict(run=run_tag, tau0=p.get("tau0", TAU0_DEFAULT), checks=p.get("checks"),
+                  save_resp=p.get("save_resp", False))
+        if run_tag in ("capped", "tau0"):  # tau0: the batch sweep's budget
+            caps = (STL_CAVI_MAX, STL_SVI_EPOCHS) if d == "stl" else (CAVI_MAX, SVI_EPOCHS)
+        else:
+            c = CONV[d]
+            caps = (c["cavi_max"], c["svi_epochs"])
+            kw.update(cavi_tol=c["cavi_tol"], svi_tol=c["svi_tol"])
+        if "init_from" in p:
+            src = os.path.join(a.workdir, p["init_from"])
+            if not os.path.exists(src):
+                print("skip %s: %s not there (run stl-conv's svi-rm first)" % (kk, src),
+                      flush=True)
+                continue
+            kw["init"] = src + ":/responsibilities"
+        rec = fit(a.caviar, a.workdir, d, train, test, n, m, k, b, s, p["trace"], *caps, **kw)
+        save_runs(res_path, add=rec)
+        print("%s elbo/pt %.4f heldout %.4f %.1fs it %d %s load %.1f%s" % (
             kk, rec["elbo_per_point"], rec["heldout"], rec["seconds"], rec["iterations"],
-            rec["stop"], rec["load1_start"]), flush=True)
+            rec["stop"], rec["load1_start"],
+            " active %d kl/pt %.3f" % (rec["active"], rec["kl_per_point"]) if "active" in rec
+            else ""), flush=True)
 
 
 # ----------------------------------------------------------------------------------- report
@@ -239,7 +349,8 @@ def sel(runs, **kw):
                   key=lambda r: r["seed"])
 
 
-NAMES = {"cavi": "CAVI", "svi-rm": "SVI Robbins–Monro", "svi-adaptive": "SVI adaptive"}
+NAMES = {"cavi": "CAVI", "svi-rm": "SVI Robbins–Monro", "svi-adaptive": "SVI adaptive",
+         "cavi-from-svi-rm": "CAVI from RM's responsibilities"}
 
 
 def stops(rs):
@@ -374,7 +485,320 @@ def tables(runs, old):
     return "\n".join(out)
 
 
+def is_capped(r):
+    """The capped sweep (Tables A-G): no run tag and the default tau0."""
+    return r.get("run", "capped") == "capped"
+
+
+def seed_rows(rs):
+    """One line per fit, with the ELBO split (data term and KL per row) and the components."""
+    out = ["| method | K | seed | ELBO per point | data term | KL(q‖p) | components ≥ 1% "
+           "| held-out | fit s | iter. / epochs | stop | threads | load (1 min) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rs:
+        out.append("| %s | %d | %d | %.3f | %.3f | %.3f | %d | %.3f | %.1f | %d | %s | %d | "
+                   "%.1f–%.1f |" % (
+                       NAMES[r["method"]], r["K"], r["seed"], r["elbo_per_point"],
+                       r["data_per_point"], r["kl_per_point"], r["active"], r["heldout"],
+                       r["seconds"], r["iterations"], r["stop"], r.get("threads", 1),
+                       r["load1_start"], r["load1_end"]))
+    return out
+
+
+def reach_time(r, target):
+    """First fitting time at which a run's full-ELBO trace is >= target (per point), or None."""
+    for t, e in zip(r["trace_seconds"], r["trace_elbo_per_point"]):
+        if e >= target:
+            return t
+    return None
+
+
+def conv_tables(runs):
+    out = []
+    order = {m: i for i, m in enumerate(METHODS + ("cavi-from-svi-rm",))}
+
+    def by(rs):
+        return sorted(rs, key=lambda r: (order[r["method"]], r["K"], r["seed"]))
+    st = [r for r in runs if r["data"] == "stl" and r.get("run") == "conv"]
+    if st:
+        c = CONV["stl"]
+        out.append("### Table H. STL-shaped set, run to convergence (K = 30, B = 512)\n")
+        out.append("CAVI tol %g (cap %d iterations); SVI tol %g on the epoch-average ELBO or three "
+                   "decreasing epochs (cap %d epochs). Per seed; *data term* is "
+                   "Σₙ ln Σₖ ρₙₖ per row, *KL(q‖p)* the KL divergence of q(π, μ, Λ) from the "
+                   "prior per row (ELBO = data term − KL), *components ≥ 1%%* how many "
+                   "components hold at least 1%% of the rows (N_k = α_k − α₀).\n" % (
+                       c["cavi_tol"], c["cavi_max"], c["svi_tol"], c["svi_epochs"]))
+        out.extend(seed_rows(by(st)))
+        out.append("\nMean ± s.e. over the seeds:\n")
+        out.append(HEAD)
+        for m in METHODS:
+            rs = sel(st, method=m)
+            if rs:
+                out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+    dg = [r for r in runs if r["data"] == "stl" and r.get("run") == "diag"]
+    if dg:
+        out.append("\n### Table I. STL-shaped set: where Robbins–Monro's ELBO comes from\n")
+        out.append("CAVI (tol %g, cap %d) restarted from the final responsibilities of the "
+                   "converged Robbins–Monro run of the same seed (`--init "
+                   "FILE.h5:/responsibilities`), and CAVI with a single component (K = 1).\n"
+                   % (CONV["stl"]["cavi_tol"], CONV["stl"]["cavi_max"]))
+        out.extend(seed_rows(by(dg)))
+        rm = {r["seed"]: r for r in st if r["method"] == "svi-rm"}
+        pairs = [(r, rm[r["seed"]]) for r in by(dg)
+                 if r["method"] == "cavi-from-svi-rm" and r["seed"] in rm]
+        if pairs:
+            out.append("\n| seed | RM final ELBO | CAVI from RM's responsibilities | change |")
+            out.append("|---|---|---|---|")
+            for r, v in pairs:
+                out.append("| %d | %.3f | %.3f | %+.3f |" % (
+                    r["seed"], v["elbo_per_point"], r["elbo_per_point"],
+                    r["elbo_per_point"] - v["elbo_per_point"]))
+    chk = [r for r in by(st + dg) if "reference_elbo_per_point" in r]
+    if chk:
+        out.append("\nThe same ELBOs recomputed by the independent NumPy reference "
+                   "(`tests/python/gmm_reference.py`, its own E-step over all %d training rows) "
+                   "from the model files (`fmnist_svi.py check`):\n" % chk[0]["n"])
+        out.append("| method | seed | caviar's ELBO per point | reference | difference |")
+        out.append("|---|---|---|---|---|")
+        for r in chk:
+            out.append("| %s | %d | %.6f | %.6f | %.1e |" % (
+                NAMES[r["method"]], r["seed"], r["elbo_per_point"],
+                r["reference_elbo_per_point"],
+                r["elbo_per_point"] - r["reference_elbo_per_point"]))
+    fm = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "conv"]
+    if fm:
+        c = CONV["fmnist"]
+        out.append("\n### Table J. Fashion-MNIST PCA-50, run to convergence (K = 30, B = 512)\n")
+        out.append("CAVI tol %g (cap %d iterations); SVI tol %g or three decreasing epochs (cap "
+                   "%d epochs), one full-ELBO check per epoch (not in the times).\n" % (
+                       c["cavi_tol"], c["cavi_max"], c["svi_tol"], c["svi_epochs"]))
+        out.append(HEAD)
+        for m in METHODS:
+            rs = sel(fm, method=m)
+            if rs:
+                out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+        out.append("\nPer seed:\n")
+        out.extend(seed_rows(by(fm)))
+        cv = {r["seed"]: r for r in fm if r["method"] == "cavi"}
+        if cv:
+            out.append("\n### Table K. Time to reach within 0.1% of converged CAVI's ELBO "
+                       "(Fashion-MNIST, K = 30, same seed)\n")
+            out.append("Target: CAVI's final ELBO per point minus 0.1% of its magnitude. Times "
+                       "are fitting seconds from the full-ELBO traces (SVI: one check per "
+                       "epoch, so its time is rounded up to an epoch end); *never* means not "
+                       "within the run.\n")
+            out.append("The last two columns give the SVI run's end (fitting seconds) and when "
+                       "CAVI first passed that run's final ELBO.\n")
+            out.append("| seed | CAVI final ELBO | target | CAVI reaches it at s | RM reaches it "
+                       "at s | adaptive reaches it at s | RM final | adaptive final "
+                       "| RM / adaptive end s | CAVI passes RM / adaptive final at s |")
+            out.append("|---|---|---|---|---|---|---|---|---|---|")
+            for s_ in sorted(cv):
+                c_ = cv[s_]
+                tgt = c_["elbo_per_point"] - 1e-3 * abs(c_["elbo_per_point"])
+                cells, finals, ends, passes = [], [], [], []
+                for m in ("svi-rm", "svi-adaptive"):
+                    v = [r for r in fm if r["method"] == m and r["seed"] == s_]
+                    if v and "trace_seconds" in v[0]:
+                        t = reach_time(v[0], tgt)
+                        cells.append("never" if t is None else "%.1f" % t)
+                        finals.append("%.3f" % v[0]["elbo_per_point"])
+                        ends.append("%.1f" % v[0]["seconds"])
+                        tp = reach_time(c_, v[0]["trace_elbo_per_point"][-1])
+                        passes.append("never" if tp is None else "%.1f" % tp)
+                    else:
+                        cells.append("not run")
+                        finals.append("–")
+                        ends.append("–")
+                        passes.append("–")
+                tc = reach_time(c_, tgt)
+                out.append("| %d | %.3f | %.3f | %s | %s | %s | %s | %s | %s | %s |" % (
+                    s_, c_["elbo_per_point"], tgt, "%.1f" % tc if tc is not None else "never",
+                    cells[0], cells[1], finals[0], finals[1], " / ".join(ends),
+                    " / ".join(passes)))
+    tu = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "tau0"]
+    tseeds = sorted({r["seed"] for r in tu})
+    if tseeds:
+        out.append("\n### Table L. Adaptive schedule: tau0 per batch size (Fashion-MNIST, K = 30)"
+                   "\n")
+        out.append("The batch sweep's budget (%d epochs, stopping rule as there), seeds %s, all "
+                   "with the same build (tau0 = 500 rerun; the batch sweep's own fits, Table B, "
+                   "ran an older and slower build under more load).\n" % (
+                       SVI_EPOCHS, ", ".join(str(v) for v in tseeds)))
+        out.append("| B | tau0 | seeds | ELBO per point | held-out | fit s (mean) | stop reasons "
+                   "| load (1 min) |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for b in TAU0_BS:
+            for tau in TAU0S:
+                rs = [r for r in tu if r["B"] == b and r["tau0"] == tau]
+                if rs:
+                    e, h = mse([r["elbo_per_point"] for r in rs]), mse([r["heldout"] for r in rs])
+                    out.append("| %d | %g | %d | %.3f ± %.3f | %.3f ± %.3f | %.1f | %s | %.1f–%.1f |"
+                               % (b, tau, len(rs), e[0], e[1], h[0], h[1],
+                                  np.mean([r["seconds"] for r in rs]), stops(rs),
+                                  min(r["load1_start"] for r in rs),
+                                  max(r["load1_end"] for r in rs)))
+        out.append("\nPer seed (ELBO per point / held-out):\n")
+        out.append("| B | tau0 | " + " | ".join("seed %d" % v for v in tseeds) + " |")
+        out.append("|---|---|" + "---|" * len(tseeds))
+        for b in TAU0_BS:
+            for tau in TAU0S:
+                cells = []
+                for v in tseeds:
+                    rs = [r for r in tu if r["B"] == b and r["tau0"] == tau and r["seed"] == v]
+                    cells.append("%.3f / %.3f" % (rs[0]["elbo_per_point"], rs[0]["heldout"])
+                                 if rs else "not run")
+                out.append("| %d | %g | %s |" % (b, tau, " | ".join(cells)))
+    new = [r for r in runs if not is_capped(r)]
+    if new:
+        loads = [r["load1_start"] for r in new] + [r["load1_end"] for r in new]
+        out.append("\nThe %d fits of Tables H–L: 1-minute load average %.1f–%.1f (median %.1f) "
+                   "on 2 cores; OpenMP threads per fit: %s." % (
+                       len(new), min(loads), max(loads), float(np.median(loads)),
+                       ", ".join(str(v) for v in sorted({r.get("threads", 1) for r in new}))))
+    return "\n".join(out)
+
+
 COLORS = {"cavi": "C0", "svi-rm": "C1", "svi-adaptive": "C2"}
+
+
+def conv_summary(runs):
+    """The numbers the text of fmnist_svi.md quotes for Tables H-K, computed here (so that none
+    is typed by hand)."""
+    out = []
+    st = [r for r in runs if r["data"] == "stl" and r.get("run") == "conv"]
+    dg = [r for r in runs if r["data"] == "stl" and r.get("run") == "diag"]
+
+    def rng(v, f="%.3f"):
+        lo, hi = f % min(v), f % max(v)
+        return lo if lo == hi else "%s to %s" % (lo, hi)
+    for m in METHODS:
+        rs = sel(st, method=m)
+        if rs:
+            out.append("- STL-shaped, %s (%d seeds): ELBO %s per point (data term %s, KL %s); "
+                       "components holding ≥ 1%% of the rows: %s; held-out %s; stops: %s." % (
+                           NAMES[m], len(rs), rng([r["elbo_per_point"] for r in rs]),
+                           rng([r["data_per_point"] for r in rs]),
+                           rng([r["kl_per_point"] for r in rs]),
+                           rng([r["active"] for r in rs], "%d"),
+                           rng([r["heldout"] for r in rs]), stops(rs)))
+    for r in sel(st, method="cavi"):
+        e = r["trace_elbo_per_point"]
+        out.append("- STL-shaped, CAVI seed %d: %d iterations (%s, last relative change %.1e); "
+                   "its full ELBO went from %.3f (first iteration) to %.3f; the last iteration "
+                   "still gained %.4f per point; its largest component holds %.1f%% of the rows "
+                   "and the other %d components hold %.0f–%.0f rows each." % (
+                       r["seed"], r["iterations"], r["stop"], r["last_rel_change"], e[0], e[-1],
+                       e[-1] - e[-2], 100 * r["nk"][0] / r["n"], len(r["nk"]) - 1,
+                       min(r["nk"][1:]), max(r["nk"][1:])))
+    cv = {r["seed"]: r for r in st if r["method"] == "cavi"}
+    for m in METHODS[1:]:
+        pr = [(r, cv[r["seed"]]) for r in sel(st, method=m) if r["seed"] in cv]
+        if pr:
+            out.append("- STL-shaped, %s minus CAVI, same seed (%d pairs): ELBO %s, data term "
+                       "%s, KL %s, held-out %s per point." % (
+                           NAMES[m], len(pr),
+                           rng([r["elbo_per_point"] - c["elbo_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["data_per_point"] - c["data_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["kl_per_point"] - c["kl_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["heldout"] - c["heldout"] for r, c in pr], "%+.3f")))
+    for r in dg:
+        if r["K"] == 1:
+            out.append("- STL-shaped, a single Gaussian (CAVI, K = 1): ELBO %.3f per point (data "
+                       "term %.3f, KL %.3f), held-out %.3f, %d iterations (%s)." % (
+                           r["elbo_per_point"], r["data_per_point"], r["kl_per_point"],
+                           r["heldout"], r["iterations"], r["stop"]))
+    rm = {r["seed"]: r for r in st if r["method"] == "svi-rm"}
+    rs = [r for r in dg if r["method"] == "cavi-from-svi-rm" and r["seed"] in rm]
+    if rs:
+        out.append("- CAVI restarted from RM's responsibilities (%d seeds): ELBO change %s per "
+                   "point, ending with %s components ≥ 1%%, %s iterations (%s)." % (
+                       len(rs), rng([r["elbo_per_point"] - rm[r["seed"]]["elbo_per_point"]
+                                     for r in rs], "%+.3f"),
+                       rng([r["active"] for r in rs], "%d"),
+                       rng([r["iterations"] for r in rs], "%d"), stops(rs)))
+    chk = [r for r in st + dg if "reference_elbo_per_point" in r]
+    if chk:
+        out.append("- The NumPy reference reproduces caviar's reported ELBO of %d STL models "
+                   "(CAVI and SVI) to within %.1e per point." % (
+                       len(chk), max(abs(r["elbo_per_point"] - r["reference_elbo_per_point"])
+                                     for r in chk)))
+    fm = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "conv"]
+    cf = {r["seed"]: r for r in fm if r["method"] == "cavi"}
+    for m in METHODS[1:]:
+        pr = [(r, cf[r["seed"]]) for r in sel(fm, method=m) if r["seed"] in cf]
+        if pr:
+            tg = [reach_time(r, c["elbo_per_point"] - 1e-3 * abs(c["elbo_per_point"]))
+                  for r, c in pr]
+            out.append("- Fashion-MNIST, converged %s minus converged CAVI, same seed (%d pairs): "
+                       "ELBO %s, held-out %s per point; SVI fit time / CAVI fit time %s; SVI "
+                       "reached CAVI's ELBO within 0.1%% in %d of %d; SVI stops: %s." % (
+                           NAMES[m], len(pr),
+                           rng([r["elbo_per_point"] - c["elbo_per_point"] for r, c in pr], "%+.3f"),
+                           rng([r["heldout"] - c["heldout"] for r, c in pr], "%+.3f"),
+                           rng([r["seconds"] / c["seconds"] for r, c in pr], "%.2f"),
+                           sum(t is not None for t in tg), len(pr),
+                           stops([r for r, _ in pr])))
+    pr = [(r, v) for r in sel(fm, method="svi-rm") for v in sel(fm, method="svi-adaptive")
+          if r["seed"] == v["seed"]]
+    if pr:
+        out.append("- Fashion-MNIST, SVI epochs at the stop (RM / adaptive, by seed): %s; the two "
+                   "schedules stopped at the same epoch in %d of %d seeds." % (
+                       ", ".join("%d / %d" % (r["iterations"], v["iterations"]) for r, v in pr),
+                       sum(r["iterations"] == v["iterations"] for r, v in pr), len(pr)))
+    rs = sel(fm, method="cavi")
+    if rs:
+        out.append("- Fashion-MNIST, converged CAVI (%d seeds): %s iterations, %s s; stops: %s."
+                   % (len(rs), rng([r["iterations"] for r in rs], "%d"),
+                      rng([r["seconds"] for r in rs], "%.1f"), stops(rs)))
+    return "\n".join(out)
+
+
+COLORS["cavi-from-svi-rm"] = "C3"
+
+
+def elbo_time_figure(plt, panels, name):
+    """Full ELBO per point against fitting time, one panel per (title, runs with traces)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, rs) in zip(axes[0], panels):
+        for m in METHODS + ("cavi-from-svi-rm",):
+            first = True
+            for r in sel(rs, method=m):
+                ax.plot(r["trace_seconds"], r["trace_elbo_per_point"], color=COLORS[m], lw=1,
+                        marker="." if m.startswith("svi") else None, ms=3, alpha=0.8,
+                        label=NAMES[m] if first else None)
+                first = False
+        ax.set_xscale("log")
+        ax.set_xlabel("fitting time, s (log; full-ELBO checks excluded)")
+        ax.set_ylabel("full ELBO per point")
+        ax.set_title(title, fontsize=10)
+        lo = min(min(r["trace_elbo_per_point"][len(r["trace_elbo_per_point"]) // 3:])
+                 for r in rs)
+        hi = max(max(r["trace_elbo_per_point"]) for r in rs)
+        ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, name), dpi=90)
+    plt.close(fig)
+
+
+def conv_plots(runs):
+    """Figure 4: ELBO against time for the runs to convergence (Tables H-J)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = []
+    fm = [r for r in runs if r["data"] == "fmnist" and r.get("run") == "conv"
+          and "trace_seconds" in r]
+    if fm:
+        panels.append(("Fashion-MNIST PCA-50, K = 30, B = 512, to convergence", fm))
+    st = [r for r in runs if r["data"] == "stl" and r.get("run") == "conv"
+          and "trace_seconds" in r]
+    if st:
+        panels.append(("STL-shaped, K = 30, B = 512, to convergence", st))
+    if panels:
+        elbo_time_figure(plt, panels, "fmnist_elbo_time_conv.png")
 
 
 def plots(runs, stl_info):
@@ -388,27 +812,7 @@ def plots(runs, stl_info):
                                                           "trace_seconds" in r])]
     if st:
         panels.append(("STL-shaped synthetic, K = 30, B = 512", st))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (title, rs) in zip(axes[0], panels):
-        for m in METHODS:
-            first = True
-            for r in sel(rs, method=m):
-                ax.plot(r["trace_seconds"], r["trace_elbo_per_point"], color=COLORS[m], lw=1,
-                        marker="." if m != "cavi" else None, ms=3, alpha=0.8,
-                        label=NAMES[m] if first else None)
-                first = False
-        ax.set_xscale("log")
-        ax.set_xlabel("fitting time, s (log; full-ELBO checks excluded)")
-        ax.set_ylabel("full ELBO per point")
-        ax.set_title(title, fontsize=10)
-        lo = min(min(r["trace_elbo_per_point"][len(r["trace_elbo_per_point"]) // 3:])
-                 for r in rs)
-        hi = max(max(r["trace_elbo_per_point"]) for r in rs)
-        ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "fmnist_elbo_time.png"), dpi=90)
-    plt.close(fig)
+    elbo_time_figure(plt, panels, "fmnist_elbo_time.png")
     # 2. Held-out vs K (seed Table 2.3), error bars = s.e. over seeds.
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(METHODS):
@@ -456,13 +860,20 @@ def report(a):
     runs = [r for path in a.results for r in json.load(open(path))]
     old = json.load(open(a.old)) if a.old and os.path.exists(a.old) else None
     stl_info = json.load(open(a.stl_info)) if a.stl_info and os.path.exists(a.stl_info) else None
-    text = tables(runs, old)
+    capped = [r for r in runs if is_capped(r)]
+    text = tables(capped, old)
     if stl_info:
         text += ("\n\nSTL-shaped set: S = %g, LAM = %g; the true-parameter classifier labels "
                  "%.1f%% of the held-out rows right (mean largest responsibility %.3f); the true "
                  "mixture's held-out log density is %.3f per point." % (
                      stl_info["S"], stl_info["LAM"], 100 * stl_info["bayes_accuracy"],
                      stl_info["mean_max_responsibility"], stl_info["true_heldout"]))
+    extra = conv_tables(runs)
+    if extra:
+        text += "\n\n" + extra
+        summary = conv_summary(runs)
+        if summary:
+            text += "\n\n**Summary of Tables H–K** (computed by the script):\n\n" + summary
     print(text)
     md = os.path.join(HERE, "fmnist_svi.md")
     if os.path.exists(md):
@@ -471,14 +882,22 @@ def report(a):
         if b in s and e in s:
             s = s[:s.index(b) + len(b)] + "\n" + text + "\n" + s[s.index(e):]
             open(md, "w").write(s)
-    plots(runs, stl_info)
+    plots(capped, stl_info)
+    conv_plots(runs)
 
 
 def collect(a):
     """Merge the work directories' results.json into fmnist_results.json and stl_results.json
-    next to this file, and copy the STL-shaped set's stl_info.json."""
+    next to this file (adding to the fits already there unless --replace), and copy the
+    STL-shaped set's stl_info.json."""
     import shutil
     runs, seen = [], set()
+    for name in ("fmnist_results.json", "stl_results.json"):  # keep what is already recorded
+        path = os.path.join(HERE, name)
+        if os.path.exists(path) and not a.replace:
+            for r in json.load(open(path)):
+                seen.add(key(r))
+                runs.append(r)
     for wd in a.workdirs:
         for r in json.load(open(os.path.join(wd, "results.json"))):
             if key(r) not in seen:  # a fit run by two processes counts once (the first)
@@ -486,7 +905,9 @@ def collect(a):
                 runs.append(r)
     for data, name in (("fmnist", "fmnist_results.json"), ("stl", "stl_results.json")):
         rs = sorted([r for r in runs if r["data"] == data],
-                    key=lambda r: (METHODS.index(r["method"]), r["K"], r["B"], r["seed"]))
+                    key=lambda r: (r.get("run", "capped") != "capped", r.get("run", ""),
+                                   (METHODS + ("cavi-from-svi-rm",)).index(r["method"]),
+                                   r["K"], r["B"], r.get("tau0", TAU0_DEFAULT), r["seed"]))
         if rs:
             with open(os.path.join(HERE, name), "w") as f:
                 json.dump(rs, f, indent=0)
@@ -495,29 +916,67 @@ def collect(a):
             shutil.copy(os.path.join(wd, "stl_info.json"), os.path.join(HERE, "stl_info.json"))
 
 
+def check(a):
+    """Recomputes the full ELBO of finished STL fits with the independent NumPy reference
+    (tests/python/gmm_reference.py: data term from its own E-step, every constant kept) and stores
+    it in their records, to test that SVI's and CAVI's reported ELBOs are the same quantity."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+    import gmm_reference as g
+    import h5py
+    res_path = os.path.join(a.workdir, "results.json")
+    runs = json.load(open(res_path))
+    x = None
+    for r in runs:
+        if (r["data"] != "stl" or r.get("run") not in ("conv", "diag") or r["K"] != 30
+                or r["seed"] not in parse_seeds(a.seeds) or "reference_elbo_per_point" in r):
+            continue
+        if x is None:
+            with h5py.File(os.path.join(a.workdir, "stl.h5"), "r") as f:
+                x = np.asarray(f["train/X"][...], dtype=np.float64)
+        tag = "_" + r["run"]
+        path = os.path.join(a.workdir, "stl_%s_K%d_B%d_s%d%s.h5" % (
+            r["method"], r["K"], r["B"] or 512, r["seed"], tag))
+        t = g.elbo_terms(x, g.load_model(path))
+        r["reference_elbo_per_point"] = t["elbo"] / r["n"]
+        r["reference_data_per_point"] = t["data"] / r["n"]
+        print("%s: caviar %.6f, reference %.6f per point" % (
+            key(r), r["elbo_per_point"], r["reference_elbo_per_point"]), flush=True)
+        save_runs(res_path, update=r)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
     r = sub.add_parser("run")
     r.add_argument("caviar")
     r.add_argument("workdir")
-    r.add_argument("--parts", default="ksweep,batch,stl")
+    r.add_argument("--parts", default="ksweep,batch,stl",
+                   help="of ksweep,batch,stl (the capped sweep), stl-conv, stl-diag, "
+                   "fmnist-conv, tau0")
     r.add_argument("--seeds", default="1-5")
     r.add_argument("--stl-seeds", default="1-5")
-    r.add_argument("--methods", default=",".join(METHODS))
+    r.add_argument("--tau0-seeds", default="1-3")
+    r.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each fit")
+    r.add_argument("--methods", default=",".join(METHODS + ("cavi-from-svi-rm",)))
     r.add_argument("--ks", default="", help="only these K (comma-separated; default all)")
     r.add_argument("--stop-at", default="", help="UTC HH:MM after which no new fit starts")
     p = sub.add_parser("report")
     p.add_argument("results", nargs="+", help="one or more results.json (merged)")
     p.add_argument("--old", default=os.path.join(HERE, "fmnist_results_v1.json"))
     p.add_argument("--stl-info", default=os.path.join(HERE, "stl_info.json"))
+    k = sub.add_parser("check")
+    k.add_argument("workdir")
+    k.add_argument("--seeds", default="1")
     c = sub.add_parser("collect")
     c.add_argument("workdirs", nargs="+")
+    c.add_argument("--replace", action="store_true",
+                   help="start from the work directories only (default: add their new fits to "
+                   "the JSONs already here)")
     argv = sys.argv[1:]
-    if argv and argv[0] not in ("run", "report", "collect", "-h", "--help"):
+    if argv and argv[0] not in ("run", "report", "collect", "check", "-h", "--help"):
         argv = ["run"] + argv  # fmnist_svi.py CAVIAR WORKDIR ... means "run"
     a = ap.parse_args(argv)
-    {"run": run, "report": report, "collect": collect}[a.mode](a)
+    {"run": run, "report": report, "collect": collect, "check": check}[a.mode](a)
 
 
 if __name__ == "__main__":
