@@ -374,6 +374,16 @@ HEAD = ("| method | K | B | seeds | ELBO per point | held-out log pred. density 
         "|---|---|---|---|---|---|---|---|---|---|")
 
 
+def method_table(runs):
+    """HEAD and one mean ± s.e. row per method present in `runs` (K = 30, B = 512 for SVI)."""
+    out = [HEAD]
+    for m in METHODS:
+        rs = sel(runs, method=m)
+        if rs:
+            out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+    return out
+
+
 def tables(runs, old):
     out = []
     fm = [r for r in runs if r["data"] == "fmnist"]
@@ -395,11 +405,7 @@ def tables(runs, old):
     st = [r for r in runs if r["data"] == "stl"]
     if st:
         out.append("\n### Table C. STL-shaped synthetic set (D = 192, K = 30, 90000 / 10000)\n")
-        out.append(HEAD)
-        for m in METHODS:
-            rs = sel(st, method=m)
-            if rs:
-                out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+        out.extend(method_table(st))
     # Seed-style compact tables (held-out only), like the seed's Tables 2.2 and 2.3.
     out.append("\n### Table D. Held-out log predictive density, seed-style (mean (s.e.))\n")
     out.append("| | " + " | ".join("K = %d" % k for k in KS) + " |")
@@ -531,11 +537,7 @@ def conv_tables(runs):
                        c["cavi_tol"], c["cavi_max"], c["svi_tol"], c["svi_epochs"]))
         out.extend(seed_rows(by(st)))
         out.append("\nMean ± s.e. over the seeds:\n")
-        out.append(HEAD)
-        for m in METHODS:
-            rs = sel(st, method=m)
-            if rs:
-                out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+        out.extend(method_table(st))
     dg = [r for r in runs if r["data"] == "stl" and r.get("run") == "diag"]
     if dg:
         out.append("\n### Table I. STL-shaped set: where Robbins–Monro's ELBO comes from\n")
@@ -573,11 +575,7 @@ def conv_tables(runs):
         out.append("CAVI tol %g (cap %d iterations); SVI tol %g or three decreasing epochs (cap "
                    "%d epochs), one full-ELBO check per epoch (not in the times).\n" % (
                        c["cavi_tol"], c["cavi_max"], c["svi_tol"], c["svi_epochs"]))
-        out.append(HEAD)
-        for m in METHODS:
-            rs = sel(fm, method=m)
-            if rs:
-                out.append(row(rs, NAMES[m], 30, 0 if m == "cavi" else 512))
+        out.extend(method_table(fm))
         out.append("\nPer seed:\n")
         out.extend(seed_rows(by(fm)))
         cv = {r["seed"]: r for r in fm if r["method"] == "cavi"}
