@@ -132,12 +132,11 @@ class StopPoller {
   std::int64_t skip_ = -1;
 };
 
-std::string signal_name(int sig);
+std::string signal_name(int sig);  // "SIGTERM", "SIGUSR1", or "signal N"
 
 // A trace in a checkpoint: empty ones are simply absent, and read back as empty.
 void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v);
-std::vector<double> read_vec(const io::FileReader& r,
-                             const std::string& name);  // "SIGTERM", "SIGUSR1", or "signal N"
+std::vector<double> read_vec(const io::FileReader& r, const std::string& name);
 
 // Throws the Preempted of a stop at `where` ("before iteration 12"): one line naming the signal
 // and the checkpoint written (or that none was, without --checkpoint).
