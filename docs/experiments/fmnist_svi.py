@@ -255,6 +255,20 @@ def plan(parts, seeds, stl_seeds, tau0_seeds):
         for s in seeds:
             for m in METHODS:
                 add("fmnist", m, 30, 512, s, True, run="conv", checks=1)
+    # The K and batch sweeps run to convergence (Tables M, N), with fmnist-conv's rules; its
+    # K = 30, B = 512 fits are that configuration, so it is not fitted again here.
+    if "ksweep-conv" in parts:
+        for s in seeds:
+            for k in KS:
+                if k != 30:
+                    for m in METHODS:
+                        add("fmnist", m, k, 512, s, False, run="sweep")
+    if "batch-conv" in parts:
+        for s in seeds:
+            for b in BS:
+                if b != 512:
+                    for m in METHODS[1:]:
+                        add("fmnist", m, 30, b, s, False, run="sweep")
     if "tau0" in parts:  # tau0 = 500 again too: the batch sweep's fits ran an older build
         for s in tau0_seeds:
             for b in TAU0_BS:
@@ -283,6 +297,30 @@ def save_runs(res_path, add=None, update=None):
         with open(res_path + ".tmp", "w") as f:
             json.dump(runs, f, indent=0)
         os.replace(res_path + ".tmp", res_path)
+
+
+def claim(wd, kk):
+    """Claims fit kk for this process, so that several processes given the same plan and work
+    directory share it out instead of fitting the same configuration twice. A claim is a file
+    holding the claimer's pid; a claim whose process is gone (killed, or failed) is taken over."""
+    d = os.path.join(wd, "claims")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, kk.replace("|", "_"))
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(open(path).read() or 0)
+                os.kill(pid, 0)  # raises if no such process
+                return False
+            except (ProcessLookupError, ValueError):
+                os.remove(path)  # stale: retry once
+                continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
 
 
 def parse_seeds(text):
@@ -315,7 +353,7 @@ def run(a):
                   save_resp=p.get("save_resp", False))
         if run_tag in ("capped", "tau0"):  # tau0: the batch sweep's budget
             caps = (STL_CAVI_MAX, STL_SVI_EPOCHS) if d == "stl" else (CAVI_MAX, SVI_EPOCHS)
-        else:
+        else:  # conv, diag and sweep: run to convergence
             c = CONV[d]
             caps = (c["cavi_max"], c["svi_epochs"])
             kw.update(cavi_tol=c["cavi_tol"], svi_tol=c["svi_tol"])
@@ -326,6 +364,8 @@ def run(a):
                       flush=True)
                 continue
             kw["init"] = src + ":/responsibilities"
+        if not claim(a.workdir, kk):
+            continue
         rec = fit(a.caviar, a.workdir, d, train, test, n, m, k, b, s, p["trace"], *caps, **kw)
         save_runs(res_path, add=rec)
         print("%s elbo/pt %.4f heldout %.4f %.1fs it %d %s load %.1f%s" % (
@@ -648,14 +688,92 @@ def conv_tables(runs):
                     cells.append("%.3f / %.3f" % (rs[0]["elbo_per_point"], rs[0]["heldout"])
                                  if rs else "not run")
                 out.append("| %d | %g | %s |" % (b, tau, " | ".join(cells)))
+    out.extend(sweep_tables(runs))
     new = [r for r in runs if not is_capped(r)]
     if new:
         loads = [r["load1_start"] for r in new] + [r["load1_end"] for r in new]
-        out.append("\nThe %d fits of Tables H–L: 1-minute load average %.1f–%.1f (median %.1f) "
+        out.append("\nThe %d fits of Tables H–N: 1-minute load average %.1f–%.1f (median %.1f) "
                    "on 2 cores; OpenMP threads per fit: %s." % (
                        len(new), min(loads), max(loads), float(np.median(loads)),
                        ", ".join(str(v) for v in sorted({r.get("threads", 1) for r in new}))))
     return "\n".join(out)
+
+
+def sweep_runs(runs):
+    """Fashion-MNIST fits to convergence at every K and B: the sweeps' own fits (run "sweep") and
+    fmnist-conv's K = 30, B = 512 fits (run "conv"), which have the same settings."""
+    return [r for r in runs if r["data"] == "fmnist" and r.get("run") in ("conv", "sweep")]
+
+
+def sweep_tables(runs):
+    """Tables M and N: the K sweep and the batch sweep run to convergence (mean ± s.e. over the
+    seeds), and the seed-style held-out table."""
+    fm = sweep_runs(runs)
+    if not any(r["run"] == "sweep" for r in fm):
+        return []
+    c = CONV["fmnist"]
+    out = ["\n### Table M. Fashion-MNIST PCA-50: K sweep run to convergence (B = 512 for SVI)\n",
+           "CAVI tol %g (cap %d iterations); SVI tol %g or three decreasing epochs (cap %d "
+           "epochs). K = 30 is Table J's fits. Mean ± standard error over the seeds.\n" % (
+               c["cavi_tol"], c["cavi_max"], c["svi_tol"], c["svi_epochs"]), HEAD]
+    for k in KS:
+        for m in METHODS:
+            rs = sel(fm, method=m, K=k, B=0 if m == "cavi" else 512)
+            if rs:
+                out.append(row(rs, NAMES[m], k, 0 if m == "cavi" else 512))
+    out += ["\n### Table N. Fashion-MNIST PCA-50: batch-size sweep run to convergence (K = 30)\n",
+            "As Table M; B = 512 is Table J's fits.\n", HEAD]
+    for m in METHODS[1:]:
+        for b in BS:
+            rs = sel(fm, method=m, K=30, B=b)
+            if rs:
+                out.append(row(rs, NAMES[m], 30, b))
+    out.append("\nHeld-out log predictive density to convergence, seed-style (mean (s.e.)):\n")
+    out.append("| | " + " | ".join("K = %d" % k for k in KS) + " |")
+    out.append("|---|" + "---|" * len(KS))
+    for m in METHODS:
+        cells = [("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
+                 for rs in (sel(fm, method=m, K=k, B=0 if m == "cavi" else 512) for k in KS)]
+        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
+    out.append("\n| | " + " | ".join("B = %d" % b for b in BS) + " |")
+    out.append("|---|" + "---|" * len(BS))
+    for m in METHODS[1:]:
+        cells = [("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
+                 for rs in (sel(fm, method=m, K=30, B=b) for b in BS)]
+        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
+    return out
+
+
+def sweep_summary(runs):
+    """Summary lines for Tables M and N: per K, SVI minus CAVI of the same seed."""
+    fm = sweep_runs(runs)
+    if not any(r["run"] == "sweep" for r in fm):
+        return []
+    out = []
+    for m in METHODS[1:]:
+        cells, n_pairs, n_below = [], 0, 0
+        for k in KS:
+            cv = {r["seed"]: r for r in sel(fm, method="cavi", K=k)}
+            pr = [(r, cv[r["seed"]]) for r in sel(fm, method=m, K=k, B=512) if r["seed"] in cv]
+            if pr:
+                d = [r["heldout"] - c_["heldout"] for r, c_ in pr]
+                n_pairs += len(d)
+                n_below += sum(v < 0 for v in d)
+                cells.append("K = %d: %+.3f to %+.3f (%d)" % (k, min(d), max(d), len(d)))
+        if cells:
+            out.append("- Fashion-MNIST to convergence, %s minus CAVI held-out, same seed and K "
+                       "(pairs): %s; below CAVI in %d of %d pairs." % (
+                           NAMES[m], "; ".join(cells), n_below, n_pairs))
+    for m in METHODS[1:]:
+        means = [(b, mse([r["heldout"] for r in sel(fm, method=m, K=30, B=b)]))
+                 for b in BS if sel(fm, method=m, K=30, B=b)]
+        if means:
+            out.append("- Fashion-MNIST to convergence, %s held-out by B (mean ± s.e.): %s." % (
+                NAMES[m], ", ".join("B = %d: %.3f ± %.3f" % (b, mu, se)
+                                    for b, (mu, se) in means)))
+    st = [r for r in fm if r["run"] == "sweep"]
+    out.append("- The sweeps' own fits (%d): stops %s." % (len(st), stops(st)))
+    return out
 
 
 COLORS = {"cavi": "C0", "svi-rm": "C1", "svi-adaptive": "C2"}
@@ -750,6 +868,7 @@ def conv_summary(runs):
         out.append("- Fashion-MNIST, converged CAVI (%d seeds): %s iterations, %s s; stops: %s."
                    % (len(rs), rng([r["iterations"] for r in rs], "%d"),
                       rng([r["seconds"] for r in rs], "%.1f"), stops(rs)))
+    out.extend(sweep_summary(runs))
     return "\n".join(out)
 
 
@@ -797,6 +916,12 @@ def conv_plots(runs):
         panels.append(("STL-shaped, K = 30, B = 512, to convergence", st))
     if panels:
         elbo_time_figure(plt, panels, "fmnist_elbo_time_conv.png")
+    sw = sweep_runs(runs)
+    if any(r["run"] == "sweep" for r in sw):
+        heldout_k_figure(plt, sw, "Fashion-MNIST PCA-50, to convergence (mean ± s.e.)",
+                         "fmnist_heldout_k_conv.png")
+        heldout_batch_figure(plt, sw, "Fashion-MNIST PCA-50, K = 30, to convergence",
+                             "fmnist_heldout_batch_conv.png")
 
 
 def plots(runs, stl_info):
@@ -811,7 +936,14 @@ def plots(runs, stl_info):
     if st:
         panels.append(("STL-shaped synthetic, K = 30, B = 512", st))
     elbo_time_figure(plt, panels, "fmnist_elbo_time.png")
-    # 2. Held-out vs K (seed Table 2.3), error bars = s.e. over seeds.
+    heldout_k_figure(plt, fm, "Fashion-MNIST PCA-50 (mean ± s.e. over seeds)",
+                     "fmnist_heldout_k.png")
+    heldout_batch_figure(plt, fm, "Fashion-MNIST PCA-50, K = 30, %s epochs cap" % SVI_EPOCHS,
+                         "fmnist_heldout_batch.png")
+
+
+def heldout_k_figure(plt, fm, title, name):
+    """Held-out density against K (seed Table 2.3), error bars = s.e. over seeds."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(METHODS):
         xs, ys, es = [], [], []
@@ -820,15 +952,19 @@ def plots(runs, stl_info):
             if rs:
                 mu, se = mse([r["heldout"] for r in rs])
                 xs.append(k + (i - 1) * 0.6), ys.append(mu), es.append(se)
-        ax.errorbar(xs, ys, yerr=np.nan_to_num(es), color=COLORS[m], marker="o", capsize=3, label=NAMES[m])
+        ax.errorbar(xs, ys, yerr=np.nan_to_num(es), color=COLORS[m], marker="o", capsize=3,
+                    label=NAMES[m])
     ax.set_xlabel("K")
     ax.set_ylabel("held-out log predictive density per point")
-    ax.set_title("Fashion-MNIST PCA-50 (mean ± s.e. over seeds)", fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "fmnist_heldout_k.png"), dpi=90)
+    fig.savefig(os.path.join(HERE, name), dpi=90)
     plt.close(fig)
-    # 3. Held-out vs batch size (seed Table 2.2).
+
+
+def heldout_batch_figure(plt, fm, title, name):
+    """Held-out density against the batch size at K = 30 (seed Table 2.2), CAVI as a band."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(METHODS[1:]):
         xs, ys, es = [], [], []
@@ -837,7 +973,8 @@ def plots(runs, stl_info):
             if rs:
                 mu, se = mse([r["heldout"] for r in rs])
                 xs.append(b * (1 + 0.04 * (2 * i - 1))), ys.append(mu), es.append(se)
-        ax.errorbar(xs, ys, yerr=np.nan_to_num(es), color=COLORS[m], marker="o", capsize=3, label=NAMES[m])
+        ax.errorbar(xs, ys, yerr=np.nan_to_num(es), color=COLORS[m], marker="o", capsize=3,
+                    label=NAMES[m])
     cv = sel(fm, method="cavi", K=30)
     if cv:
         mu, se = mse([r["heldout"] for r in cv])
@@ -847,10 +984,10 @@ def plots(runs, stl_info):
     ax.set_xticks(BS, [str(b) for b in BS])
     ax.set_xlabel("batch size B")
     ax.set_ylabel("held-out log predictive density per point")
-    ax.set_title("Fashion-MNIST PCA-50, K = 30, %s epochs cap" % SVI_EPOCHS, fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(HERE, "fmnist_heldout_batch.png"), dpi=90)
+    fig.savefig(os.path.join(HERE, name), dpi=90)
     plt.close(fig)
 
 
@@ -871,7 +1008,7 @@ def report(a):
         text += "\n\n" + extra
         summary = conv_summary(runs)
         if summary:
-            text += "\n\n**Summary of Tables H–K** (computed by the script):\n\n" + summary
+            text += "\n\n**Summary of Tables H–N** (computed by the script):\n\n" + summary
     print(text)
     md = os.path.join(HERE, "fmnist_svi.md")
     if os.path.exists(md):
@@ -950,7 +1087,8 @@ def main():
     r.add_argument("workdir")
     r.add_argument("--parts", default="ksweep,batch,stl",
                    help="of ksweep,batch,stl (the capped sweep), stl-conv, stl-diag, "
-                   "fmnist-conv, tau0")
+                   "fmnist-conv, tau0, ksweep-conv, batch-conv (the sweeps to convergence; "
+                   "processes given the same parts and work directory share the fits)")
     r.add_argument("--seeds", default="1-5")
     r.add_argument("--stl-seeds", default="1-5")
     r.add_argument("--tau0-seeds", default="1-3")
