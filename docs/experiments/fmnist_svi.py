@@ -210,6 +210,17 @@ def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, s
                     if len(e) > 1 else None)
             else:
                 e = t = None
+            if run == "panels":
+                # Figure 7: the epoch-average stochastic ELBO (seed eq. 2.52) at each epoch's
+                # end, and the step size rho_t, at most ~400 steps spaced evenly in log time.
+                ts, rho = f["trace/seconds"][...], f["trace/rho"][...]
+                spe = -(-n // b)  # steps per epoch
+                rec["epoch_seconds"] = [round(float(ts[min(len(ts), (i + 1) * spe) - 1]), 3)
+                                        for i in range(len(ep))]
+                rec["epoch_elbo_per_point"] = [round(float(v) / n, 5) for v in ep]
+                idx = np.unique(np.geomspace(1, len(ts), 400).astype(int) - 1)
+                rec["rho_seconds"] = [round(float(ts[i]), 4) for i in idx]
+                rec["rho"] = [float("%.5g" % rho[i]) for i in idx]
         if trace and e is not None:
             rec["trace_seconds"] = [round(float(v), 3) for v in t]
             rec["trace_elbo_per_point"] = [round(float(v) / n, 5) for v in e]
@@ -269,6 +280,9 @@ def plan(parts, seeds, stl_seeds, tau0_seeds):
                 if b != 512:
                     for m in METHODS[1:]:
                         add("fmnist", m, 30, b, s, False, run="sweep")
+    if "panels" in parts:  # the seed's Figures 2.4b and 2.5, one initialisation as there
+        for m in METHODS:
+            add("fmnist", m, 30, 512, 1, True, run="panels", checks=1)
     if "tau0" in parts:  # tau0 = 500 again too: the batch sweep's fits ran an older build
         for s in tau0_seeds:
             for b in TAU0_BS:
@@ -689,7 +703,7 @@ def conv_tables(runs):
                                  if rs else "not run")
                 out.append("| %d | %g | %s |" % (b, tau, " | ".join(cells)))
     out.extend(sweep_tables(runs))
-    new = [r for r in runs if not is_capped(r)]
+    new = [r for r in runs if not is_capped(r) and r.get("run") != "panels"]
     if new:
         loads = [r["load1_start"] for r in new] + [r["load1_end"] for r in new]
         out.append("\nThe %d fits of Tables H–N: 1-minute load average %.1f–%.1f (median %.1f) "
@@ -799,15 +813,31 @@ def conv_summary(runs):
                            rng([r["kl_per_point"] for r in rs]),
                            rng([r["active"] for r in rs], "%d"),
                            rng([r["heldout"] for r in rs]), stops(rs)))
-    for r in sel(st, method="cavi"):
-        e = r["trace_elbo_per_point"]
-        out.append("- STL-shaped, CAVI seed %d: %d iterations (%s, last relative change %.1e); "
-                   "its full ELBO went from %.3f (first iteration) to %.3f; the last iteration "
-                   "still gained %.4f per point; its largest component holds %.1f%% of the rows "
-                   "and the other %d components hold %.0f–%.0f rows each." % (
-                       r["seed"], r["iterations"], r["stop"], r["last_rel_change"], e[0], e[-1],
-                       e[-1] - e[-2], 100 * r["nk"][0] / r["n"], len(r["nk"]) - 1,
-                       min(r["nk"][1:]), max(r["nk"][1:])))
+    rs = [r for r in sel(st, method="cavi") if "trace_elbo_per_point" in r]
+    if rs:
+        e = [r["trace_elbo_per_point"] for r in rs]
+        out.append("- STL-shaped, CAVI (seeds %s): %s iterations (stops: %s; last relative "
+                   "change %s); full ELBO per point at the first iteration %s, at the last %s; the last "
+                   "iteration still gained %s per point; the largest component holds %s of the "
+                   "rows and the other %d components hold %.0f–%.0f rows each." % (
+                       ", ".join(str(r["seed"]) for r in rs),
+                       rng([r["iterations"] for r in rs], "%d"), stops(rs),
+                       rng([r["last_rel_change"] for r in rs], "%.1e"),
+                       rng([v[0] for v in e]), rng([v[-1] for v in e]),
+                       rng([v[-1] - v[-2] for v in e], "%.4f"),
+                       rng([100 * r["nk"][0] / r["n"] for r in rs], "%.1f%%"),
+                       len(rs[0]["nk"]) - 1, min(min(r["nk"][1:]) for r in rs),
+                       max(max(r["nk"][1:]) for r in rs)))
+    for m in METHODS[1:]:
+        rs = [r for r in sel(st, method=m) if r["stop"] == "max-iter"
+              and r.get("last_epoch_gain_per_point") is not None]
+        if rs:
+            out.append("- STL-shaped, %s runs that hit the %d-epoch cap (%d): the full ELBO still "
+                       "gained %s per point over the last epoch (relative change of the epoch "
+                       "average %s)." % (
+                           NAMES[m], rs[0]["cap"], len(rs),
+                           rng([r["last_epoch_gain_per_point"] for r in rs], "%.4f"),
+                           rng([r["last_rel_change"] for r in rs], "%.1e")))
     cv = {r["seed"]: r for r in st if r["method"] == "cavi"}
     for m in METHODS[1:]:
         pr = [(r, cv[r["seed"]]) for r in sel(st, method=m) if r["seed"] in cv]
@@ -900,6 +930,38 @@ def elbo_time_figure(plt, panels, name):
     plt.close(fig)
 
 
+def svi_panels_figure(plt, rs, name):
+    """Figure 7 (the seed's Figures 2.4b and 2.5): the epoch-average stochastic ELBO against time
+    (CAVI: its ELBO per iteration, which is the same thing for a batch method), and the step-size
+    paths of the two schedules."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for r in sorted(rs, key=lambda r: METHODS.index(r["method"])):
+        m = r["method"]
+        if m == "cavi":
+            axes[0].plot(r["trace_seconds"], r["trace_elbo_per_point"], color=COLORS[m], lw=1,
+                         label=NAMES[m])
+        else:
+            axes[0].plot(r["epoch_seconds"], r["epoch_elbo_per_point"], color=COLORS[m], lw=1,
+                         marker=".", ms=3, label=NAMES[m] + " (epoch average)")
+            axes[1].plot(r["rho_seconds"], r["rho"], color=COLORS[m], lw=1, label=NAMES[m])
+    lo = min(min(r.get("epoch_elbo_per_point", r.get("trace_elbo_per_point"))[2:]) for r in rs)
+    hi = max(max(r.get("epoch_elbo_per_point", r.get("trace_elbo_per_point"))) for r in rs)
+    axes[0].set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
+    axes[0].set_ylabel("ELBO per point (SVI: epoch average of eq. 2.52)")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("step size rho_t")
+    for ax, title in zip(axes, ("average ELBO per epoch (seed Figure 2.4b)",
+                                "step size (seed Figure 2.5)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("fitting time, s (log)")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8)
+    fig.suptitle("Fashion-MNIST PCA-50, K = 30, B = 512, seed 1", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, name), dpi=90)
+    plt.close(fig)
+
+
 def conv_plots(runs):
     """Figure 4: ELBO against time for the runs to convergence (Tables H-J)."""
     import matplotlib
@@ -916,6 +978,9 @@ def conv_plots(runs):
         panels.append(("STL-shaped, K = 30, B = 512, to convergence", st))
     if panels:
         elbo_time_figure(plt, panels, "fmnist_elbo_time_conv.png")
+    pn = [r for r in runs if r.get("run") == "panels"]
+    if pn:
+        svi_panels_figure(plt, pn, "fmnist_svi_panels.png")
     sw = sweep_runs(runs)
     if any(r["run"] == "sweep" for r in sw):
         heldout_k_figure(plt, sw, "Fashion-MNIST PCA-50, to convergence (mean ± s.e.)",
@@ -1087,8 +1152,9 @@ def main():
     r.add_argument("workdir")
     r.add_argument("--parts", default="ksweep,batch,stl",
                    help="of ksweep,batch,stl (the capped sweep), stl-conv, stl-diag, "
-                   "fmnist-conv, tau0, ksweep-conv, batch-conv (the sweeps to convergence; "
-                   "processes given the same parts and work directory share the fits)")
+                   "fmnist-conv, tau0, ksweep-conv, batch-conv (the sweeps to convergence), "
+                   "panels (Figure 7); processes given the same parts and work directory share "
+                   "the fits")
     r.add_argument("--seeds", default="1-5")
     r.add_argument("--stl-seeds", default="1-5")
     r.add_argument("--tau0-seeds", default="1-3")
