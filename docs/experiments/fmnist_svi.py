@@ -899,6 +899,28 @@ def conv_summary(runs):
                    % (len(rs), rng([r["iterations"] for r in rs], "%d"),
                       rng([r["seconds"] for r in rs], "%.1f"), stops(rs)))
     out.extend(sweep_summary(runs))
+    pn = [(r, c_) for r in runs if r.get("run") == "panels" for c_ in fm
+          if c_["method"] == r["method"] and c_["seed"] == r["seed"] and c_["K"] == r["K"]
+          and c_["B"] == r["B"]]
+    if pn:
+        out.append("- Figure 7's fits against Table J's fits of the same configuration (%d pairs, "
+                   "a rerun): largest difference %.1e in the ELBO and %.1e in the held-out "
+                   "density per point; fit time ratio %s; load %.1f–%.1f." % (
+                       len(pn), max(abs(r["elbo_per_point"] - c_["elbo_per_point"])
+                                    for r, c_ in pn),
+                       max(abs(r["heldout"] - c_["heldout"]) for r, c_ in pn),
+                       rng([r["seconds"] / c_["seconds"] for r, c_ in pn], "%.2f"),
+                       min(r["load1_start"] for r, _ in pn), max(r["load1_end"] for r, _ in pn)))
+    pr = {r["method"]: r for r in runs if r.get("run") == "panels" and "rho" in r}
+    if "svi-rm" in pr and "svi-adaptive" in pr:
+        a, m = pr["svi-adaptive"], pr["svi-rm"]
+        ra = np.asarray(a["rho"])
+        at_time = ra / np.interp(a["rho_seconds"], m["rho_seconds"], m["rho"])
+        out.append("- Figure 7's step sizes: first step %.3g (adaptive) and %.3g (RM); adaptive / "
+                   "RM at the same fitting time: %.2f to %.2f (median %.2f over the second half of "
+                   "the adaptive run)." % (
+                       ra[0], m["rho"][0], at_time.min(), at_time.max(),
+                       float(np.median(at_time[len(at_time) // 2:]))))
     return "\n".join(out)
 
 
