@@ -398,6 +398,31 @@ def mse(v):
     return v.mean(), se
 
 
+def pm(v, sep=" ± "):
+    """Mean ± standard error of v for the tables; one value has no standard error, so it says
+    '(1 seed)' instead of printing nan. sep="paren" gives the seed's 'mean (s.e.)' style."""
+    mu, se = mse(v)
+    if len(v) < 2:
+        return "%.3f (1 seed)" % mu
+    return ("%.3f (%.3f)" % (mu, se)) if sep == "paren" else ("%.3f%s%.3f" % (mu, sep, se))
+
+
+def seed_style(fm):
+    """The seed-style compact held-out tables (its Tables 2.3 and 2.2): methods by K at B = 512,
+    and the SVI schedules by B at K = 30, as mean (s.e.) over the seeds."""
+    def cell(rs):
+        return pm([r["heldout"] for r in rs], "paren") if rs else "not run"
+    out = ["| | " + " | ".join("K = %d" % k for k in KS) + " |", "|---|" + "---|" * len(KS)]
+    for m in METHODS:
+        out.append("| %s | %s |" % (NAMES[m], " | ".join(
+            cell(sel(fm, method=m, K=k, B=0 if m == "cavi" else 512)) for k in KS)))
+    out += ["\n| | " + " | ".join("B = %d" % b for b in BS) + " |", "|---|" + "---|" * len(BS)]
+    for m in METHODS[1:]:
+        out.append("| %s | %s |" % (NAMES[m], " | ".join(
+            cell(sel(fm, method=m, K=30, B=b)) for b in BS)))
+    return out
+
+
 def sel(runs, **kw):
     return sorted([r for r in runs if all(r[k] == v for k, v in kw.items())],
                   key=lambda r: r["seed"])
@@ -415,10 +440,9 @@ def stops(rs):
 
 
 def row(rs, label, k, b):
-    e, se_e = mse([r["elbo_per_point"] for r in rs])
-    h, se_h = mse([r["heldout"] for r in rs])
-    return "| %s | %d | %s | %d | %.3f ± %.3f | %.3f ± %.3f | %.1f | %.1f | %s | %.1f–%.1f |" % (
-        label, k, b or "–", len(rs), e, se_e, h, se_h, np.mean([r["seconds"] for r in rs]),
+    return "| %s | %d | %s | %d | %s | %s | %.1f | %.1f | %s | %.1f–%.1f |" % (
+        label, k, b or "–", len(rs), pm([r["elbo_per_point"] for r in rs]),
+        pm([r["heldout"] for r in rs]), np.mean([r["seconds"] for r in rs]),
         np.mean([r["iterations"] for r in rs]), stops(rs),
         min(r["load1_start"] for r in rs), max(r["load1_end"] for r in rs))
 
@@ -462,22 +486,7 @@ def tables(runs, old):
         out.extend(method_table(st))
     # Seed-style compact tables (held-out only), like the seed's Tables 2.2 and 2.3.
     out.append("\n### Table D. Held-out log predictive density, seed-style (mean (s.e.))\n")
-    out.append("| | " + " | ".join("K = %d" % k for k in KS) + " |")
-    out.append("|---|" + "---|" * len(KS))
-    for m in METHODS:
-        cells = []
-        for k in KS:
-            rs = sel(fm, method=m, K=k, B=0 if m == "cavi" else 512)
-            cells.append("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
-        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
-    out.append("\n| | " + " | ".join("B = %d" % b for b in BS) + " |")
-    out.append("|---|" + "---|" * len(BS))
-    for m in METHODS[1:]:
-        cells = []
-        for b in BS:
-            rs = sel(fm, method=m, K=30, B=b)
-            cells.append("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
-        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
+    out.extend(seed_style(fm))
     # How far from converged the capped runs were.
     out.append("\n### Table E. Convergence at the cap\n")
     out.append("Runs that stopped at their cap (`max-iter`), and for the SVI runs with a full-ELBO "
@@ -509,11 +518,10 @@ def tables(runs, old):
                 rs = sorted([r for r in old if r["method"] == m and r["K"] == k
                              and r["B"] == 512], key=lambda r: r["seed"])
                 if rs:
-                    e = mse([r["elbo"] / 60000 for r in rs])
-                    h = mse([r["heldout"] for r in rs])
-                    out.append("| %s | %d | %s | %d | %.3f ± %.3f | %.3f ± %.3f | %.1f | %.1f "
+                    out.append("| %s | %d | %s | %d | %s | %s | %.1f | %.1f "
                                "| %s |" % (NAMES[m], k, "–" if m == "cavi" else 512, len(rs),
-                                           e[0], e[1], h[0], h[1],
+                                           pm([r["elbo"] / 60000 for r in rs]),
+                                           pm([r["heldout"] for r in rs]),
                                            np.mean([r["seconds"] for r in rs]),
                                            np.mean([r["iterations"] for r in rs]), stops(rs)))
     # Time-matched view of Figure 1: when did CAVI pass each SVI run's final full ELBO?
@@ -685,9 +693,9 @@ def conv_tables(runs):
             for tau in TAU0S:
                 rs = [r for r in tu if r["B"] == b and r["tau0"] == tau]
                 if rs:
-                    e, h = mse([r["elbo_per_point"] for r in rs]), mse([r["heldout"] for r in rs])
-                    out.append("| %d | %g | %d | %.3f ± %.3f | %.3f ± %.3f | %.1f | %s | %.1f–%.1f |"
-                               % (b, tau, len(rs), e[0], e[1], h[0], h[1],
+                    out.append("| %d | %g | %d | %s | %s | %.1f | %s | %.1f–%.1f |"
+                               % (b, tau, len(rs), pm([r["elbo_per_point"] for r in rs]),
+                                  pm([r["heldout"] for r in rs]),
                                   np.mean([r["seconds"] for r in rs]), stops(rs),
                                   min(r["load1_start"] for r in rs),
                                   max(r["load1_end"] for r in rs)))
@@ -743,18 +751,7 @@ def sweep_tables(runs):
             if rs:
                 out.append(row(rs, NAMES[m], 30, b))
     out.append("\nHeld-out log predictive density to convergence, seed-style (mean (s.e.)):\n")
-    out.append("| | " + " | ".join("K = %d" % k for k in KS) + " |")
-    out.append("|---|" + "---|" * len(KS))
-    for m in METHODS:
-        cells = [("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
-                 for rs in (sel(fm, method=m, K=k, B=0 if m == "cavi" else 512) for k in KS)]
-        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
-    out.append("\n| | " + " | ".join("B = %d" % b for b in BS) + " |")
-    out.append("|---|" + "---|" * len(BS))
-    for m in METHODS[1:]:
-        cells = [("%.3f (%.3f)" % mse([r["heldout"] for r in rs]) if rs else "not run")
-                 for rs in (sel(fm, method=m, K=30, B=b) for b in BS)]
-        out.append("| %s | %s |" % (NAMES[m], " | ".join(cells)))
+    out.extend(seed_style(fm))
     return out
 
 
@@ -779,12 +776,11 @@ def sweep_summary(runs):
                        "(pairs): %s; below CAVI in %d of %d pairs." % (
                            NAMES[m], "; ".join(cells), n_below, n_pairs))
     for m in METHODS[1:]:
-        means = [(b, mse([r["heldout"] for r in sel(fm, method=m, K=30, B=b)]))
+        cells = ["B = %d: %s" % (b, pm([r["heldout"] for r in sel(fm, method=m, K=30, B=b)]))
                  for b in BS if sel(fm, method=m, K=30, B=b)]
-        if means:
+        if cells:
             out.append("- Fashion-MNIST to convergence, %s held-out by B (mean ± s.e.): %s." % (
-                NAMES[m], ", ".join("B = %d: %.3f ± %.3f" % (b, mu, se)
-                                    for b, (mu, se) in means)))
+                NAMES[m], ", ".join(cells)))
     st = [r for r in fm if r["run"] == "sweep"]
     out.append("- The sweeps' own fits (%d): stops %s." % (len(st), stops(st)))
     return out
