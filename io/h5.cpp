@@ -128,7 +128,6 @@ bool link_exists(hid_t file, const std::string& path) {
 
 }  // namespace detail
 
-
 DataRef DataRef::parse(const std::string& spec, const std::string& default_path) {
   // The dataset path starts at the last ':' followed by '/', so file names may contain ':'.
   const auto pos = spec.rfind(":/");

@@ -121,8 +121,8 @@ void Comm::allreduce_sum(std::span<std::int64_t> buf) const {
 namespace {
 // MPI has no 128-bit integer type: a contiguous pair of 64-bit words, and a commutative user op.
 void sum_int128(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const __int128*>(in);
-  auto* b = static_cast<__int128*>(inout);
+  const auto* a = static_cast<const Int128*>(in);
+  auto* b = static_cast<Int128*>(inout);
   for (int i = 0; i < *len; ++i) b[i] += a[i];
 }
 struct Int128Op {
@@ -136,7 +136,7 @@ struct Int128Op {
 };
 }  // namespace
 
-void Comm::allreduce_sum(std::span<__int128> buf) const {
+void Comm::allreduce_sum(std::span<Int128> buf) const {
   if (size_ == 1 || buf.empty()) return;
   static const Int128Op int128;  // created on first use, after MPI_Init; freed by MPI_Finalize
   allreduce_chunks(buf, int128.type, int128.op, unpack(handle_));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/int128.hpp"
 
 namespace caviar {
 
@@ -41,7 +42,7 @@ class Comm {
   void allreduce_sum(std::span<std::int64_t> buf) const;
   // Exact integer sums (the reduction of ExactSum, core/exact_sum.hpp): any reduction order gives
   // the same bits, so results do not depend on the rank count.
-  void allreduce_sum(std::span<__int128> buf) const;
+  void allreduce_sum(std::span<Int128> buf) const;
   double allreduce_max(double v) const;
   void allreduce_max(std::span<double> buf) const;  // element-wise, in place
   // In-place element-wise bitwise or (e.g. the union of per-rank sets held as bitmaps).

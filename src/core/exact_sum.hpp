@@ -23,10 +23,9 @@
 #include <span>
 #include <vector>
 
-namespace caviar {
+#include "core/int128.hpp"
 
-__extension__ typedef __int128 Int128;  // __extension__: a GCC/Clang type, not ISO C++
-__extension__ typedef unsigned __int128 UInt128;
+namespace caviar {
 
 // The smallest e with bound < 2^e (bound >= 0 and finite), but at least -956, where the grid
 // 2^(e-118) reaches double's smallest subnormal.

@@ -409,7 +409,9 @@ TEST(Minibatch, EpochPermutationIsABijectionAndSplitsByRank) {
       same += p0(i) == p1(i);
     }
     for (std::uint64_t v = 0; v < n; ++v) EXPECT_EQ(seen[v], 1) << "n=" << n << " v=" << v;
-    if (n >= 256) EXPECT_LT(same, static_cast<int>(n / 10)) << "epochs should differ";
+    if (n >= 256) {
+      EXPECT_LT(same, static_cast<int>(n / 10)) << "epochs should differ";
+    }
   }
   const std::int64_t n = 2600, b = 300;
   const EpochPermutation perm(n, 7, 3);

@@ -97,7 +97,7 @@ MatrixXd Stats::sxx_matrix(int k) const {
 
 void Stats::make_exact(std::vector<int> exponents) {
   if (exponents.size() != buf_.size()) throw Error("exact statistics: wrong number of exponents");
-  exact_.emplace(ExactPart{ExactSum(std::move(exponents)), {}});
+  exact_.emplace(ExactPart{ExactSum(std::move(exponents)), {}, {}});
 }
 
 void Stats::load_exact(double log_norm) {
