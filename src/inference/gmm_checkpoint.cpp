@@ -55,6 +55,10 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
     fp.add("delta", o_.delta, "--delta");
     fp.add("tau0", o_.tau0, "--tau0");
     fp.add("full_elbo_every", static_cast<std::int64_t>(o_.full_elbo_every), "--full-elbo-every");
+    // What a mid-epoch checkpoint's epoch_sum means. Checkpoints written before the epoch average
+    // was taken over rows (a plain mean of the steps) lack this key and are refused, as their
+    // partial sum cannot be continued.
+    fp.add("epoch_average", "per-row", "", "the epoch-average ELBO is accumulated differently");
   }
   // Plain double sums change with the summation order, hence the last bits.
   fp.add("fast_reduce", static_cast<std::int64_t>(o_.fast_reduce), "--fast-reduce");

@@ -38,7 +38,7 @@ struct SviPosition {
   std::int64_t step = 0;  // the next step inside the epoch
   std::int64_t t = 0;     // steps done
   int decreases = 0;      // consecutive decreasing epoch averages
-  double epoch_sum = 0;   // sum of this epoch's stochastic ELBOs so far
+  double epoch_sum = 0;   // sum of this epoch's stochastic ELBOs so far, each times its |b|
   double rho = 0;         // the last step size
   double tau = 0, hbar = 0;
 };
