@@ -10,6 +10,7 @@ usage: test_bad_input.py CAVIAR_BIN WORKDIR [--write-doc FILE]
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -96,14 +97,11 @@ def main():
             return 1
     # An SVI checkpoint as caviar wrote it before the epoch average was taken over rows: its
     # fingerprint has no "epoch_average", and its partial epoch sum means something else.
-    with h5py.File(p("ck_svi.h5"), "r") as src, h5py.File(p("ck_svi_old.h5"), "w") as dst:
-        for name in src:
-            src.copy(src[name], dst, name)
-        for k, v in src.attrs.items():
-            dst.attrs[k] = v
-        fp = json.loads(dst.attrs["fingerprint"])
+    shutil.copyfile(p("ck_svi.h5"), p("ck_svi_old.h5"))
+    with h5py.File(p("ck_svi_old.h5"), "r+") as f:
+        fp = json.loads(f.attrs["fingerprint"])
         del fp["epoch_average"]
-        dst.attrs["fingerprint"] = json.dumps(fp)
+        f.attrs["fingerprint"] = json.dumps(fp)
     # LDA: two corpora of the same shape, one with another vocabulary size, and a CAVI checkpoint
     # (K = 3) of the first.
     for argv in ([caviar, "generate", "lda", "--docs", "300", "--words", "60", "--topics", "3",
