@@ -10,7 +10,12 @@
 //    (inference/block_sum.hpp), on a grid every rank derives from the same global bounds;
 //  - reduce those integers across ranks (never doubles), and combine threads by integer addition;
 //  - key random draws by (seed, stream, global index) with CounterRng, never by rank or thread;
-//  - add the model to tests/cli/test_bitwise.py.
+//  - let Eigen compute only on 64-byte aligned memory: Eigen's own matrices, or any heap buffer
+//    (every operator new in caviar's programs is aligned: core/aligned_new.cpp), viewed at offsets
+//    fixed by the problem's sizes. Never on a stack array or a buffer another library allocated
+//    with malloc: Eigen chooses its scalar/vector split from the address, and the two paths round
+//    differently, so results would change with the memory layout from run to run;
+//  - add the model to tests/cli/test_bitwise.py and tests/determinism/test_heap_layout.py.
 #include <algorithm>
 #include <cstdint>
 
