@@ -1,0 +1,149 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""Golden hashes: a fixed matrix of fits whose outputs must keep their exact bits through a
+refactor.
+
+The matrix: GMM CAVI, SVI, EM and stick-breaking, full and diagonal covariance (with labels and
+responsibilities); LDA CAVI and SVI, in memory and --stream; the VAE; each at 1, 2 and 3 ranks.
+A run's hash is SHA-256 over every dataset and attribute of its output files, provenance and
+timings excepted (tests/cli/clitest.py's h5_contents). The three rank counts must give one hash
+(the bitwise guarantee); the hash must equal the recorded one.
+
+Results are the same bits on any machine with the same instruction set, not across instruction
+sets: -march=native picks fused multiply-adds and vector widths from the CPU, so the record is
+keyed by the CPU's vector features, and `check` on a machine without a record for its features
+exits 77 (skipped), saying so.
+
+usage: golden.py record|check CAVIAR_BIN WORKDIR [RECORD_JSON]
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "cli"))
+from clitest import fresh_workdir, h5_contents, mpirun  # noqa: E402
+
+RANKS = (1, 2, 3)
+
+
+def isa_key():
+    """The CPU's vector features that change floating-point results of a native build."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    keep = ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl"]
+    return "+".join(k for k in keep if k in flags)
+
+
+def digest(files):
+    h = hashlib.sha256()
+    for path in files:
+        for key, value in sorted(h5_contents(path).items()):
+            h.update(key.encode())
+            h.update(repr(value).encode())
+    return h.hexdigest()
+
+
+def matrix(caviar, path):
+    """name -> (argv without --out, output files given a tag, extra flags given a tag)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    gen = path("gmm.h5")
+    subprocess.run([caviar, "generate", "gmm", "--n", "3001", "--dim", "3", "--components", "4",
+                    "--seed", "7", "--out", gen + ":/X"], check=True, capture_output=True, env=env)
+    corpus = path("corpus.h5")
+    subprocess.run([caviar, "generate", "lda", "--docs", "900", "--words", "120", "--topics", "4",
+                    "--seed", "7", "--out", corpus], check=True, capture_output=True, env=env)
+    rng = np.random.default_rng(7)
+    with h5py.File(path("bin.h5"), "w") as f:
+        f["X"] = (rng.random((600, 16)) < 0.3).astype(np.float32)
+    gmm = ["gmm", "fit", "--data", gen + ":/X", "-k", "4", "--seed", "3", "--tol", "0"]
+    out = {}
+    for cov in ("full", "diag"):
+        for name, extra in (("cavi", ["--max-iter", "20"]),
+                            ("svi", ["--algorithm", "svi", "--batch-size", "256", "--max-iter",
+                                     "3"]),
+                            ("em", ["--algorithm", "em", "--max-iter", "20"]),
+                            ("stick", ["--weights", "stick-breaking", "--max-iter", "20"])):
+            out[f"gmm-{name}-{cov}"] = (gmm + extra + ["--covariance", cov], True)
+    lda = ["lda", "fit", "--data", corpus, "-k", "4", "--seed", "3"]
+    for stream in ((), ("--stream",)):
+        tag = "-stream" if stream else ""
+        out[f"lda-cavi{tag}"] = (lda + ["--algorithm", "cavi", "--max-iter", "6", "--tol", "0"]
+                                 + list(stream), False)
+        out[f"lda-svi{tag}"] = (lda + ["--algorithm", "svi", "--passes", "3", "--batch-size",
+                                       "128"] + list(stream), False)
+    out["vae"] = (["vae", "train", "--data", path("bin.h5") + ":/X", "--hidden", "12",
+                   "--latent", "2", "--batch-size", "50", "--epochs", "2", "--seed", "3"], False)
+    return out
+
+
+def run_matrix(caviar, work):
+    # Runs inside the work directory with relative names: file names are recorded in the outputs
+    # (the "data" attribute), and must not depend on where the work directory is.
+    fresh_workdir(work)
+    caviar = os.path.abspath(caviar)
+    os.chdir(work)
+
+    def path(name):
+        return name
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    hashes, disagree = {}, []
+    for name, (argv, labels) in matrix(caviar, path).items():
+        per_rank = {}
+        for p in RANKS:
+            files = [path(f"{name}_{p}.h5")]
+            flags = ["--out", files[0]]
+            if labels:
+                files.append(path(f"{name}_{p}_labels.h5"))
+                flags += ["--labels", files[1], "--save-responsibilities"]
+            r = subprocess.run(mpirun(p) + [caviar] + argv + flags, capture_output=True,
+                               text=True, env=env, timeout=600)
+            if r.returncode != 0:
+                sys.exit(f"FAIL: {name} at {p} ranks: {r.stderr.strip()[-400:]}")
+            per_rank[p] = digest(files)
+        if len(set(per_rank.values())) != 1:
+            disagree.append(name)
+        hashes[name] = per_rank[1]
+        print(f"{name:18s} {per_rank[1][:16]}"
+              f"{'' if len(set(per_rank.values())) == 1 else '  RANKS DISAGREE'}", flush=True)
+    return hashes, disagree
+
+
+def main():
+    mode, caviar, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    record = sys.argv[4] if len(sys.argv) > 4 else os.path.join(HERE, "hashes.json")
+    key = isa_key()
+    stored = json.load(open(record)) if os.path.exists(record) else {}
+    if mode == "check" and key not in stored:
+        print(f"SKIP: no golden hashes recorded for this CPU's vector features ({key}); "
+              f"recorded: {sorted(stored)}")
+        sys.exit(77)
+    hashes, disagree = run_matrix(caviar, work)
+    if disagree:
+        sys.exit(f"FAIL: rank counts {RANKS} give different outputs for {disagree}")
+    if mode == "record":
+        stored[key] = hashes
+        with open(record, "w") as f:
+            json.dump(stored, f, indent=1, sort_keys=True)
+            f.write("\n")
+        print(f"recorded {len(hashes)} hashes for {key} in {record}")
+        return
+    want = stored[key]
+    changed = sorted(k for k in set(want) | set(hashes) if want.get(k) != hashes.get(k))
+    if changed:
+        sys.exit(f"FAIL: outputs changed bits against the golden record: {changed}")
+    print(f"PASS: {len(hashes)} golden hashes reproduced at {RANKS} ranks")
+
+
+if __name__ == "__main__":
+    main()
