@@ -97,6 +97,9 @@ def problems(files, n):
         "gmm-cavi-single": gmm + ["--data", dense + ":/Y", "-k", str(k), "--precision", "single"],
         "gmm-svi": gmm + ["--data", dense + ":/Y", "-k", str(k), "--algorithm", "svi",
                           "--batch-size", str(max(1, n // 3))],
+        "gmm-svi-stream": gmm + ["--data", dense + ":/X", "-k", str(k), "--algorithm", "svi",
+                                 "--stream", "--init", "random", "--schedule", "adaptive",
+                                 "--batch-size", str(max(1, n // 2))],
         "gmm-em-full": gmm + ["--data", dense + ":/Y", "-k", str(k), "--algorithm", "em"],
         "gmm-em-diag": gmm + ["--data", dense + ":/X", "-k", str(k), "--algorithm", "em",
                               "--covariance", "diag"],
@@ -106,6 +109,8 @@ def problems(files, n):
                      "--max-iter", "5", "--seed", "3"],
         "lda-svi": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "svi",
                     "--passes", "2", "--batch-size", str(max(1, n // 2)), "--seed", "3"],
+        "lda-cavi-stream": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "cavi",
+                            "--max-iter", "5", "--seed", "3", "--stream"],
         "vae": ["vae", "train", "--data", dense + ":/B", "--hidden", "8", "--latent", "2",
                 "--batch-size", str(max(1, n // 2)), "--micro-blocks", str(min(4, max(1, n // 2))),
                 "--epochs", "2", "--seed", "5"],
@@ -115,7 +120,7 @@ def problems(files, n):
 
 def outputs_of(name, path, tag):
     """Output flags and the files they write."""
-    if name.startswith("gmm"):
+    if name.startswith("gmm") and "stream" not in name:  # --stream writes no labels
         files = [path(f"{tag}.h5"), path(f"{tag}_labels.h5")]
         return ["--out", files[0], "--labels", files[1], "--save-responsibilities"], files
     files = [path(f"{tag}.h5")]
