@@ -8,6 +8,7 @@
 
 #include "app.hpp"
 #include "core/error.hpp"
+#include "core/isa.hpp"
 #include "core/signals.hpp"
 #include "inference/checkpoint.hpp"
 
@@ -44,7 +45,10 @@ int main(int argc, char** argv) {
   CLI::App cli{"caviar: distributed variational inference (MPI + OpenMP + HDF5)"};
   cli.require_subcommand(1);
   cli.add_flag("-q,--quiet", ctx.quiet, "No progress output");
-  cli.set_version_flag("--version", CAVIAR_VERSION);
+  std::string version = CAVIAR_VERSION;  // and what it was built for (core/isa.hpp)
+  version += std::string(" (built for -march=") + (*isa::march() ? isa::march() : "x86-64") + ":";
+  for (const char* const* e = isa::kBuiltFor; *e; ++e) version += std::string(" ") + *e;
+  cli.set_version_flag("--version", version + ")");
   app::add_gmm_commands(cli, ctx);
   app::add_generate_commands(cli, ctx);
   app::add_prep_commands(cli, ctx);
