@@ -8,7 +8,14 @@
 set -euo pipefail
 SUDO=""
 [[ $(id -u) -eq 0 ]] || SUDO=sudo
+pkgs=(python3-torch python3-h5py python3-numpy python3-matplotlib
+  python3-gensim python3-sklearn python3-scipy libopenblas0-pthread libopenblas-dev)
+# Only `npm pack` is needed. Debian's npm depends on Debian's nodejs, which conflicts with a
+# Node.js installed another way (as on these machines): use the npm already on PATH if it works.
+if command -v npm >/dev/null 2>&1 && npm --version >/dev/null 2>&1; then
+  echo "install_bench_deps: using $(command -v npm) (npm $(npm --version))"
+else
+  pkgs+=(npm)
+fi
 $SUDO apt-get update
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends \
-  python3-torch python3-h5py python3-numpy python3-matplotlib \
-  python3-gensim python3-sklearn python3-scipy npm libopenblas0-pthread libopenblas-dev
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${pkgs[@]}"
