@@ -204,7 +204,7 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
             warnings.warn("%s (caviar: %d iterations, stop reason %r; caviar's tol is a relative "
                           "change of the total bound)" % (_CONVERGENCE_MSG, self.n_iter_,
                                                           summary.get("stop_reason")),
-                          ConvergenceWarning)
+                          ConvergenceWarning, stacklevel=3)  # points at the caller of fit
         return self
 
     def _forget_feature_names(self):
