@@ -11,7 +11,7 @@ pkgs=(
   libgtest-dev googletest libbenchmark-dev
   zlib1g-dev dataset-fashion-mnist
   libopenblas0-pthread
-  python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib
+  python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib python3-pytest
 )
 if [[ "${CAVIAR_WITH_SLURM:-0}" == 1 ]]; then
   pkgs+=(slurm-wlm munge)
