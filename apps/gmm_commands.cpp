@@ -56,8 +56,9 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--prior-scale", o->prior_scale, "identity | data (W0^-1 = data covariance)")
       ->check(CLI::IsMember({"identity", "data"}))
       ->capture_default_str();
-  fit->add_option("--reg-covar", o->reg_covar, "EM: added to every covariance diagonal")
-      ->capture_default_str();
+  auto* reg_covar =
+      fit->add_option("--reg-covar", o->reg_covar, "EM: added to every covariance diagonal")
+          ->capture_default_str();
   fit->add_option("--batch-size", o->batch_size, "SVI minibatch size B")->capture_default_str();
   fit->add_option("--schedule", *schedule,
                   "SVI step size: robbins-monro (rho_t = (t + omega)^-delta) | adaptive "
@@ -101,9 +102,16 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->footer(
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
       "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
-  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision] {
+  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision] {
+    const bool reg_covar_given = reg_covar->count() > 0;
+    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar_given] {
+      // The variational fits regularise through the Wishart prior; an ignored --reg-covar would
+      // leave a user believing their covariances were regularised.
+      if (reg_covar_given && *algorithm != "em")
+        throw Error(
+            "--reg-covar applies to --algorithm em only (cavi and svi regularise the "
+            "covariances through the prior: --nu0, --prior-scale)");
       o->covariance = gmm::parse_covariance(*cov);
       o->precision = gmm::parse_precision(*precision);
       o->algorithm = gmm::parse_algorithm(*algorithm);

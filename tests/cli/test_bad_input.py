@@ -148,6 +148,7 @@ def main():
         ("negative batch size", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "-5", "--out", out), "--batch-size must be >= 1"),
         ("NaN tolerance", 2, fit(p("good.h5") + ":/X", "-k", "2", "--tol", "nan", "--out", out), "--tol"),
         ("negative reg_covar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--reg-covar", "-1", "--out", out), "--reg-covar"),
+        ("--reg-covar with a variational fit", 2, fit(p("good.h5") + ":/X", "-k", "2", "--reg-covar", "0.5", "--out", out), "--reg-covar applies to --algorithm em only"),
         ("single precision with diagonal covariance", 2, fit(p("good.h5") + ":/X", "-k", "2", "--covariance", "diag", "--precision", "single", "--out", out), "--precision single needs --covariance full"),
         ("score: model is not a model", 2, [caviar, "gmm", "score", "--model", p("good.h5"), "--data", p("good.h5") + ":/X"], "not a caviar gmm model"),
         ("score: dimension mismatch", 2, [caviar, "gmm", "score", "--model", p("model3d.h5"), "--data", p("good.h5") + ":/X"], "features but the model has 3"),
