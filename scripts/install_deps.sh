@@ -16,6 +16,11 @@ pkgs=(
 if [[ "${CAVIAR_WITH_SLURM:-0}" == 1 ]]; then
   pkgs+=(slurm-wlm munge)
 fi
+# The test command's memory-safety jobs: valgrind (scripts/check_memcheck.sh), clang's libFuzzer
+# with ASan/UBSan (scripts/check_fuzz.sh); GCC's sanitizers need nothing more.
+if [[ "${CAVIAR_WITH_CHECKS:-0}" == 1 ]]; then
+  pkgs+=(valgrind clang libclang-rt-dev)
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do
