@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# CI job: valgrind memcheck over one small fit of every model and algorithm.
+#
+# usage: scripts/check_memcheck.sh [BUILD_DIR]     (default: build-memcheck in the repository)
+#
+# valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build (-DCAVIAR_NATIVE=OFF,
+# -O1 -g) of the caviar target only. Each case runs at 2 ranks x 2 OpenMP threads, every rank
+# under valgrind (mpirun -n 2 valgrind caviar ...): 2 ranks split the rows (shard boundaries,
+# allreduce, SVI's allgatherv, collective HDF5 writes), 2 threads split the blocks.
+#
+# Cases (inputs made by `caviar generate` and h5py first, natively, not under valgrind):
+#   gmm fit CAVI full (+ labels, checkpoint), CAVI diag, SVI, SVI --stream, EM (+ labels),
+#   stick-breaking (+ held-out score); lda fit CAVI and SVI; vae train (700 x 12 binary, 1 epoch).
+#
+# Policy: ANY memcheck error fails the job (invalid reads/writes, uninitialised values in
+# conditions, addresses or syscalls, bad frees), after tests/sanitize/valgrind.supp removes
+# library-internal noise only (see that file: no caviar frame appears in it). Leaks are not
+# checked here (--leak-check=no): check_sanitizers.sh runs LeakSanitizer over the tests.
+# The job fails if a rank exits non-zero (valgrind's --error-exitcode=3) or if any log has a
+# non-zero ERROR SUMMARY; the logs stay in BUILD_DIR/memcheck.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=$(realpath -m "${1:-$root/build-memcheck}")
+jobs=${CAVIAR_JOBS:-2}
+
+cmake -B "$build" -S "$root" -DCAVIAR_NATIVE=OFF -DCAVIAR_SANITIZE=OFF -DCAVIAR_BUILD_TESTS=OFF \
+  -DCAVIAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+  -DCMAKE_C_FLAGS_DEBUG="-O1 -g"
+cmake --build "$build" -j"$jobs" --target caviar
+caviar=$build/caviar
+
+work=$build/memcheck
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=2
+
+"$caviar" -q generate gmm --n 600 --dim 3 --components 3 --seed 1 --out gmm.h5:/X
+"$caviar" -q generate lda --docs 200 --words 80 --topics 3 --seed 2 --out lda.h5
+/usr/bin/python3 -c '
+import h5py, numpy as np
+rng = np.random.default_rng(0)
+with h5py.File("vae.h5", "w") as f:
+    f["train"] = (rng.random((700, 12)) < 0.3).astype(np.float32)
+'
+
+valgrind=(valgrind --tool=memcheck --error-exitcode=3 --track-origins=yes --leak-check=no
+  --num-callers=40 --gen-suppressions=all --suppressions="$root/tests/sanitize/valgrind.supp")
+failed=()
+run() {
+  local name=$1
+  shift
+  local start=$SECONDS rc=0
+  mpirun -n 2 --oversubscribe "${valgrind[@]}" --log-file="$work/$name.%p.vg.log" \
+    "$caviar" "$@" >"$work/$name.out" 2>&1 || rc=$?
+  local errors
+  errors=$(grep -ho 'ERROR SUMMARY: [0-9]*' "$work/$name".*.vg.log | awk '{s += $3} END {print s + 0}')
+  echo "memcheck $name: exit $rc, $errors errors, $((SECONDS - start)) s"
+  if [ "$rc" -ne 0 ] || [ "$errors" -ne 0 ]; then
+    failed+=("$name")
+    cat "$work/$name.out" "$work/$name".*.vg.log >&2
+  fi
+}
+
+gmm=(gmm fit --data gmm.h5:/X -k 3 --seed 1)
+run gmm-cavi-full "${gmm[@]}" --max-iter 10 --out cavi.h5 --labels cavi_labels.h5 \
+  --checkpoint cavi_ck.h5 --checkpoint-every 3
+run gmm-cavi-diag "${gmm[@]}" --covariance diag --max-iter 10 --out diag.h5
+run gmm-svi "${gmm[@]}" --algorithm svi --batch-size 128 --max-iter 3 --out svi.h5
+run gmm-svi-stream "${gmm[@]}" --algorithm svi --stream --init random --batch-size 128 \
+  --max-iter 2 --out svi_stream.h5
+run gmm-em "${gmm[@]}" --algorithm em --max-iter 10 --out em.h5 --labels em_labels.h5
+run gmm-stick-breaking "${gmm[@]}" --weights stick-breaking --max-iter 10 --out dp.h5 \
+  --heldout gmm.h5:/X
+run lda-cavi lda fit --data lda.h5 --topics 3 --algorithm cavi --passes 3 --out lda_cavi.h5
+run lda-svi lda fit --data lda.h5 --topics 3 --algorithm svi --batch-size 64 --passes 2 \
+  --out lda_svi.h5
+run vae-train vae train --data vae.h5:/train --hidden 8 --latent 2 --batch-size 64 --epochs 1 \
+  --seed 5 --out vae_model.h5
+
+if [ "${#failed[@]}" -ne 0 ]; then
+  echo "check_memcheck: FAILED: ${failed[*]} (logs in $work)" >&2
+  exit 1
+fi
+echo "check_memcheck: no memcheck errors in ${SECONDS} s"
