@@ -1,0 +1,122 @@
+// Fuzz target: `lda fit --resume CHECKPOINT` (inference/lda_checkpoint.cpp and the fingerprint
+// check of inference/checkpoint.cpp), on a structure-aware HDF5 checkpoint (h5_spec.hpp). The whole
+// fit runs on a small fixed corpus, so that what the reader lets through is also used.
+//
+// Input: one configuration byte (which fit options; see kConfigs), then the checkpoint's entries.
+// The seeds are real checkpoints written by lda::fit with the same corpus and options.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "harness.hpp"
+#include "inference/lda_driver.hpp"
+#include "io/csr.hpp"
+
+namespace {
+
+using caviar::fuzz::comm;
+namespace lda = caviar::lda;
+
+constexpr int kConfigs = 5;
+
+// A corpus of n_docs documents over 10 words, deterministic.
+std::string corpus_file(const std::string& name, std::int64_t n_docs, int salt) {
+  const std::string p = caviar::fuzz::scratch(name);
+  lda::Corpus c;
+  for (std::int64_t d = 0; d < n_docs; ++d) {
+    std::vector<std::int32_t> w;
+    std::vector<double> k;
+    for (std::int64_t j = 0; j < 1 + (d + salt) % 4; ++j) {
+      w.push_back(static_cast<std::int32_t>((2 * j + 3 * (d % 2) + salt) % 10));
+      k.push_back(static_cast<double>(1 + (d * j + salt) % 3));
+    }
+    c.add_doc(w, k);
+  }
+  std::vector<std::string> vocab;
+  for (int v = 0; v < 10; ++v) vocab.push_back("w" + std::to_string(v));
+  caviar::io::write_corpus(comm(), p, c, 10, vocab);
+  return p;
+}
+
+const std::string& train_file() {
+  static const std::string p = corpus_file("lda_train.h5", 20, 0);
+  return p;
+}
+const std::string& heldout_file() {
+  static const std::string p = corpus_file("lda_heldout.h5", 6, 1);
+  return p;
+}
+
+lda::FitOptions options(int c) {
+  lda::FitOptions o;
+  o.data = train_file();
+  o.topics = 3;
+  o.max_iter = 3;
+  o.tol = 0;
+  o.passes = 3;
+  o.batch_size = 8;
+  o.seed = 5;
+  o.local.max_iter = 20;
+  switch (c) {
+    case 0:  // CAVI in memory
+      o.algorithm = "cavi";
+      break;
+    case 1:  // SVI in memory
+      o.algorithm = "svi";
+      break;
+    case 2:  // SVI streamed
+      o.algorithm = "svi";
+      o.stream = true;
+      break;
+    case 3:  // CAVI streamed in pieces
+      o.algorithm = "cavi";
+      o.stream = true;
+      o.stream_piece_docs = 8;
+      break;
+    default:  // CAVI with a held-out perplexity trace
+      o.algorithm = "cavi";
+      o.heldout = heldout_file();
+      break;
+  }
+  return o;
+}
+
+void write_seeds(const std::string& dir) {
+  const std::string ck = caviar::fuzz::scratch("seed_ck.h5");
+  for (int c = 0; c < kConfigs; ++c) {
+    lda::FitOptions o = options(c);
+    o.checkpoint = ck;
+    // CAVI: before iteration 2 (with gammas); SVI (3 minibatches a pass): after step 4, mid-pass.
+    o.checkpoint_every = o.algorithm == "svi" ? "4" : "2";
+    o.max_iter = 2;
+    o.passes = 2;
+    lda::fit(comm(), o, nullptr);
+    caviar::fuzz::save(dir, "config" + std::to_string(c),
+                       caviar::fuzz::seed_of_file(ck, {static_cast<std::uint8_t>(c)}));
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  caviar::fuzz::init(write_seeds);
+  train_file();
+  heldout_file();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const std::string ck = caviar::fuzz::scratch("resume.h5");
+  if (!caviar::fuzz::write_input(ck, data + 1, size - 1)) return 0;
+  lda::FitOptions o = options(data[0] % kConfigs);
+  o.resume = ck;
+  try {
+    lda::fit(comm(), o, nullptr);
+  } catch (const caviar::Error& e) {
+    caviar::fuzz::refused(e);
+  }
+  return 0;
+}
