@@ -171,7 +171,17 @@ void Checkpointer::restore(Model& model, FitResult& res) const {
 
 RowMatrix Checkpointer::gammas(std::int64_t begin, std::int64_t end) const {
   if (!resuming() || !state_->has_gammas) return RowMatrix();
-  return io::read_rows(comm_, io::DataRef{o_.resume, "/gamma"}, {n_docs_, o_.topics}, {begin, end});
+  RowMatrix g =
+      io::read_rows(comm_, io::DataRef{o_.resume, "/gamma"}, {n_docs_, o_.topics}, {begin, end});
+  // The warm start takes digammas and logs of them: gamma = alpha + expected counts > 0. Each rank
+  // checks its own documents; the lowest failing rank names the first bad one.
+  std::string err;
+  for (Eigen::Index d = 0; d < g.rows() && err.empty(); ++d)
+    if (!g.row(d).allFinite() || !(g.row(d).array() > 0).all())
+      err = "--resume " + o_.resume + ": the gammas of document " + std::to_string(begin + d) +
+            " are not all positive and finite (corrupt checkpoint?)";
+  comm_.raise_if_any(err);
+  return g;
 }
 
 std::vector<double> Checkpointer::pass_terms() const {
