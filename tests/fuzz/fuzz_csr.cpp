@@ -56,9 +56,9 @@ void write_seeds(const std::string& dir) {
   using caviar::fuzz::Entry;
   const std::string f = caviar::fuzz::scratch("seed.h5");
   write_corpus(f, true);
-  caviar::fuzz::save(dir, "vocab", caviar::fuzz::seed_of_file(f, {0}));
+  caviar::fuzz::save(dir, "vocab", caviar::fuzz::input_of_file(f, {0}));
   write_corpus(f, false);
-  caviar::fuzz::save(dir, "shape_only", caviar::fuzz::seed_of_file(f, {0}));
+  caviar::fuzz::save(dir, "shape_only", caviar::fuzz::input_of_file(f, {0}));
   // The same corpus one group down (--data FILE:/corpus).
   write_corpus(f, true);
   std::vector<Entry> entries = caviar::fuzz::read_file(f);
@@ -77,7 +77,7 @@ void write_seeds(const std::string& dir) {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  caviar::fuzz::init(write_seeds);
+  caviar::fuzz::init({write_seeds});
   return 0;
 }
 

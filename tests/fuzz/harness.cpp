@@ -30,7 +30,10 @@ void remove_scratch() {
 }
 }  // namespace
 
-void init(const std::function<void(const std::string& dir)>& write_seeds) {
+void init(const Target& target) {
+  // OMPIO's shared-file-pointer component creates and removes three files at every MPI-IO open;
+  // caviar never uses a shared file pointer, and the fuzzers open files thousands of times.
+  setenv("OMPI_MCA_sharedfp", "individual", 0);
   // libFuzzer's own arguments are none of MPI's business: a bare argv.
   static char name[] = "caviar-fuzz";
   static char* args[] = {name, nullptr};
@@ -46,23 +49,24 @@ void init(const std::function<void(const std::string& dir)>& write_seeds) {
   std::filesystem::create_directories(scratch_dir());
   std::atexit(remove_scratch);
   if (const char* h5 = std::getenv("CAVIAR_FUZZ_ENCODE")) {
-    // An input from an HDF5 file (e.g. one decoded with CAVIAR_FUZZ_DECODE_TO and edited with
-    // h5py): CAVIAR_FUZZ_ENCODE=FILE.h5 CAVIAR_FUZZ_ENCODE_TO=INPUT [CAVIAR_FUZZ_CONFIG=BYTE].
     const char* to = std::getenv("CAVIAR_FUZZ_ENCODE_TO");
     const char* config = std::getenv("CAVIAR_FUZZ_CONFIG");
     std::vector<std::uint8_t> prefix;
-    if (config) prefix.push_back(static_cast<std::uint8_t>(std::atoi(config)));
+    std::string fp;
+    if (config) {
+      prefix.push_back(static_cast<std::uint8_t>(std::atoi(config)));
+      fp = target.fingerprint(prefix[0]);
+    }
     const std::filesystem::path out = to ? to : "input";
     save(out.parent_path().empty() ? "." : out.parent_path().string(), out.filename().string(),
-         seed_of_file(h5, prefix));
+         input_of_file(h5, prefix, fp));
     remove_scratch();
-    std::_Exit(0);
+    std::_Exit(0);  // MPI is not finalised: exit as libFuzzer does after a run
   }
   if (const char* dir = std::getenv("CAVIAR_FUZZ_WRITE_SEEDS")) {
     std::filesystem::create_directories(dir);
-    write_seeds(dir);
+    target.write_seeds(dir);
     remove_scratch();
-    // MPI is not finalised: exit as libFuzzer does after a run.
     std::_Exit(0);
   }
 }
@@ -85,10 +89,35 @@ void save(const std::string& dir, const std::string& name, const std::vector<std
   std::fprintf(stderr, "seed %s/%s: %zu bytes\n", dir.c_str(), name.c_str(), bytes.size());
 }
 
-std::vector<std::uint8_t> seed_of_file(const std::string& h5, std::vector<std::uint8_t> prefix) {
-  const std::vector<std::uint8_t> body = encode(read_file(h5));
+namespace {
+std::size_t replace_strings(std::vector<Entry>& entries, const std::string& from,
+                            const std::string& to) {
+  std::size_t n = 0;
+  for (Entry& e : entries)
+    for (std::string& s : e.strings)
+      if (s == from) {
+        s = to;
+        ++n;
+      }
+  return n;
+}
+}  // namespace
+
+std::vector<std::uint8_t> input_of_file(const std::string& h5, std::vector<std::uint8_t> prefix,
+                                        const std::string& fingerprint) {
+  std::vector<Entry> entries = read_file(h5);
+  if (!fingerprint.empty()) replace_strings(entries, fingerprint, kFingerprint);
+  const std::vector<std::uint8_t> body = encode(entries);
   prefix.insert(prefix.end(), body.begin(), body.end());
   return prefix;
+}
+
+std::string fingerprint_of_file(const std::string& h5) {
+  for (const Entry& e : read_file(h5))
+    if (e.kind == Entry::kAttribute && e.object.empty() && e.name == "fingerprint" &&
+        e.strings.size() == 1)
+      return e.strings[0];
+  return "";
 }
 
 void refused(const std::exception& e) {
@@ -96,8 +125,10 @@ void refused(const std::exception& e) {
   if (verbose) std::fprintf(stderr, "refused: %s\n", e.what());
 }
 
-bool write_input(const std::string& path, const std::uint8_t* data, std::size_t size) {
-  const std::vector<Entry> entries = decode(data, size);
+bool write_input(const std::string& path, const std::uint8_t* data, std::size_t size,
+                 const std::string& fingerprint) {
+  std::vector<Entry> entries = decode(data, size);
+  if (!fingerprint.empty()) replace_strings(entries, kFingerprint, fingerprint);
   // To look at what an input decodes to (h5dump): CAVIAR_FUZZ_DECODE_TO=FILE.h5.
   if (const char* to = std::getenv("CAVIAR_FUZZ_DECODE_TO")) write_file(to, entries);
   return write_file(path, entries);
