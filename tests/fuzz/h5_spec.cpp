@@ -37,11 +37,28 @@ class Reader {
     for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | b[i];
     return v;
   }
-  std::string str(int len_bytes) {
-    const std::size_t n = static_cast<std::size_t>(le(len_bytes));
-    std::string s(n, '\0');
-    raw(s.data(), n);
+  std::uint64_t varint() {  // LEB128, at most 10 bytes
+    std::uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const std::uint8_t b = u8();
+      v |= static_cast<std::uint64_t>(b & 0x7F) << shift;
+      if (!(b & 0x80)) break;
+    }
+    return v;
+  }
+  std::string str8() { return bytes(u8()); }
+  std::string bytes(std::uint64_t n) {
+    const std::size_t have = pos_ < n_ ? n_ - pos_ : 0;
+    std::string s(static_cast<std::size_t>(std::min<std::uint64_t>(n, have)), '\0');
+    raw(s.data(), s.size());
     return s;
+  }
+  // The next n bytes as a reader of their own (fewer if the input ends).
+  Reader sub(std::size_t n) {
+    const std::size_t have = pos_ < n_ ? std::min(n, n_ - pos_) : 0;
+    Reader r(d_ + pos_, have);
+    pos_ += n;
+    return r;
   }
 
  private:
@@ -55,11 +72,21 @@ class Writer {
   void le(std::uint64_t v, int bytes) {
     for (int i = 0; i < bytes; ++i) out.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
   }
-  void str(const std::string& s, int len_bytes) {
-    const std::size_t max = len_bytes == 1 ? 0xFF : 0xFFFF;
-    const std::size_t n = std::min(s.size(), max);
-    le(n, len_bytes);
+  void varint(std::uint64_t v) {
+    do {
+      const std::uint8_t b = v & 0x7F;
+      v >>= 7;
+      out.push_back(static_cast<std::uint8_t>(b | (v ? 0x80 : 0)));
+    } while (v);
+  }
+  void str8(const std::string& s) {
+    const std::size_t n = std::min<std::size_t>(s.size(), 0xFF);
+    u8(static_cast<std::uint8_t>(n));
     out.insert(out.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  void var_str(const std::string& s) {
+    varint(s.size());
+    out.insert(out.end(), s.begin(), s.end());
   }
   std::vector<std::uint8_t> out;
 };
@@ -78,10 +105,6 @@ std::size_t type_size(Entry::Type t) {
     default:
       return 0;  // strings
   }
-}
-
-bool is_string(Entry::Type t) {
-  return t == Entry::kVarString || t == Entry::kFixedString;
 }
 
 // Closes an HDF5 identifier with the given function when it goes out of scope.
@@ -364,44 +387,107 @@ std::uint64_t Entry::elements() const {
   return n;
 }
 
+namespace {
+
+// A huge dimension m << s, at most 2^62.
+std::uint64_t huge_dim(std::uint64_t m, unsigned s) {
+  s %= 64;
+  const std::uint64_t cap = std::uint64_t{1} << 62;
+  return m == 0 ? 0 : (m > (cap >> s) ? cap : m << s);
+}
+
+Entry decode_entry(Reader& r) {
+  Entry e;
+  const std::uint8_t flags = r.u8();
+  e.kind = static_cast<Entry::Kind>(flags & 3);
+  e.skip = flags & 4;
+  e.huge = (flags & 8) && e.kind == Entry::kDataset;
+  e.name = r.str8();
+  if (e.kind == Entry::kAttribute) e.object = r.str8();
+  if (e.kind == Entry::kLink) e.target = r.str8();
+  if (e.kind != Entry::kDataset && e.kind != Entry::kAttribute) return e;
+  const std::uint8_t t = r.u8();
+  e.type = static_cast<Entry::Type>(t & 7);
+  e.alt = t & 8;
+  if (e.type == Entry::kFixedString) e.width = r.u8();
+  const int rank = r.u8() % 4;
+  for (int i = 0; i < rank; ++i) {
+    if (e.huge) {
+      const unsigned shift = r.u8();
+      e.dims.push_back(huge_dim(r.varint(), shift));
+    } else {
+      e.dims.push_back(r.varint());
+    }
+  }
+  const std::uint64_t n = e.elements();
+  if (e.huge) return e;
+  if (n > kMaxElements) {
+    e.skip = true;
+    return e;
+  }
+  if (e.type == Entry::kVarString) {
+    for (std::uint64_t i = 0; i < n; ++i) e.strings.push_back(r.bytes(r.varint()));
+  } else if (e.type == Entry::kFixedString) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::string s(e.width, '\0');
+      r.raw(s.data(), s.size());
+      e.strings.push_back(std::move(s));
+    }
+  } else {
+    e.values.resize(n * type_size(e.type));
+    r.raw(e.values.data(), e.values.size());
+  }
+  return e;
+}
+
+void encode_entry(Writer& w, const Entry& e) {
+  const bool huge = e.huge && e.kind == Entry::kDataset;
+  w.u8(static_cast<std::uint8_t>(e.kind | (e.skip ? 4 : 0) | (huge ? 8 : 0)));
+  w.str8(e.name);
+  if (e.kind == Entry::kAttribute) w.str8(e.object);
+  if (e.kind == Entry::kLink) w.str8(e.target);
+  if (e.kind != Entry::kDataset && e.kind != Entry::kAttribute) return;
+  w.u8(static_cast<std::uint8_t>(e.type | (e.alt ? 8 : 0)));
+  if (e.type == Entry::kFixedString) w.u8(e.width);
+  w.u8(static_cast<std::uint8_t>(e.dims.size()));
+  for (std::uint64_t d : e.dims) {
+    if (huge) {
+      unsigned shift = 0;
+      while (d != 0 && shift < 63 && !((d >> shift) & 1)) ++shift;
+      w.u8(static_cast<std::uint8_t>(shift));
+      w.varint(d >> shift);
+    } else {
+      w.varint(d);
+    }
+  }
+  if (huge) return;
+  const std::uint64_t n = e.elements();
+  if (n > kMaxElements) return;
+  if (e.type == Entry::kVarString || e.type == Entry::kFixedString) {
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::string s = i < e.strings.size() ? e.strings[i] : std::string();
+      if (e.type == Entry::kVarString) {
+        w.var_str(s);
+      } else {
+        s.resize(e.width, '\0');
+        w.out.insert(w.out.end(), s.begin(), s.end());
+      }
+    }
+  } else {
+    std::vector<std::uint8_t> v = e.values;
+    v.resize(n * type_size(e.type), 0);
+    w.out.insert(w.out.end(), v.begin(), v.end());
+  }
+}
+
+}  // namespace
+
 std::vector<Entry> decode(const std::uint8_t* data, std::size_t size) {
   Reader r(data, size);
   std::vector<Entry> out;
   while (!r.done() && out.size() < kMaxEntries) {
-    Entry e;
-    const std::uint8_t flags = r.u8();
-    e.kind = static_cast<Entry::Kind>(flags & 3);
-    e.skip = flags & 4;
-    e.huge = (flags & 8) && e.kind == Entry::kDataset;
-    e.name = r.str(1);
-    if (e.kind == Entry::kAttribute) e.object = r.str(1);
-    if (e.kind == Entry::kLink) e.target = r.str(1);
-    if (e.kind == Entry::kDataset || e.kind == Entry::kAttribute) {
-      const std::uint8_t t = r.u8();
-      e.type = static_cast<Entry::Type>(t & 7);
-      e.alt = t & 8;
-      if (e.type == Entry::kFixedString) e.width = r.u8();
-      const int rank = r.u8() % 4;
-      for (int i = 0; i < rank; ++i) e.dims.push_back(r.le(e.huge ? 8 : 2));
-      const std::uint64_t n = e.elements();
-      if (!e.huge && n > kMaxElements) {
-        e.skip = true;
-      } else if (!e.huge) {
-        if (e.type == Entry::kVarString) {
-          for (std::uint64_t i = 0; i < n; ++i) e.strings.push_back(r.str(2));
-        } else if (e.type == Entry::kFixedString) {
-          for (std::uint64_t i = 0; i < n; ++i) {
-            std::string s(e.width, '\0');
-            r.raw(s.data(), s.size());
-            e.strings.push_back(std::move(s));
-          }
-        } else {
-          e.values.resize(n * type_size(e.type));
-          r.raw(e.values.data(), e.values.size());
-        }
-      }
-    }
-    out.push_back(std::move(e));
+    Reader body = r.sub(static_cast<std::size_t>(r.le(2)));
+    out.push_back(decode_entry(body));
   }
   return out;
 }
@@ -409,34 +495,11 @@ std::vector<Entry> decode(const std::uint8_t* data, std::size_t size) {
 std::vector<std::uint8_t> encode(const std::vector<Entry>& entries) {
   Writer w;
   for (const Entry& e : entries) {
-    const bool huge = e.huge && e.kind == Entry::kDataset;
-    w.u8(static_cast<std::uint8_t>(e.kind | (e.skip ? 4 : 0) | (huge ? 8 : 0)));
-    w.str(e.name, 1);
-    if (e.kind == Entry::kAttribute) w.str(e.object, 1);
-    if (e.kind == Entry::kLink) w.str(e.target, 1);
-    if (e.kind != Entry::kDataset && e.kind != Entry::kAttribute) continue;
-    w.u8(static_cast<std::uint8_t>(e.type | (e.alt ? 8 : 0)));
-    if (e.type == Entry::kFixedString) w.u8(e.width);
-    w.u8(static_cast<std::uint8_t>(e.dims.size()));
-    for (std::uint64_t d : e.dims) w.le(d, huge ? 8 : 2);
-    if (huge) continue;
-    const std::uint64_t n = e.elements();
-    if (n > kMaxElements) continue;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      const std::string s = i < e.strings.size() ? e.strings[i] : std::string();
-      if (e.type == Entry::kVarString) {
-        w.str(s, 2);
-      } else if (e.type == Entry::kFixedString) {
-        std::string f = s;
-        f.resize(e.width, '\0');
-        w.out.insert(w.out.end(), f.begin(), f.end());
-      }
-    }
-    if (!is_string(e.type)) {
-      std::vector<std::uint8_t> v = e.values;
-      v.resize(n * type_size(e.type), 0);
-      w.out.insert(w.out.end(), v.begin(), v.end());
-    }
+    Writer body;
+    encode_entry(body, e);
+    if (body.out.size() > 0xFFFF) throw std::runtime_error("encode: entry too large: " + e.name);
+    w.le(body.out.size(), 2);
+    w.out.insert(w.out.end(), body.out.begin(), body.out.end());
   }
   return w.out;
 }

@@ -6,11 +6,14 @@
 // holds does. read_file() is the inverse, for seeds: a valid file written by caviar encodes to
 // bytes that decode back to the same contents.
 //
-// An input is a sequence of entries (at most kMaxEntries); missing bytes read as zeros:
+// An input is a sequence of entries (at most kMaxEntries), each a u16 length and that many bytes
+// of body, so that a mutation inside one entry (a rank, a type, a size) never shifts the others;
+// a body's missing bytes read as zeros, its extra bytes are ignored. A body:
 //   u8  flags   bits 0-1 kind: 0 dataset, 1 attribute, 2 group, 3 soft link
 //               bit 2 skip: parsed but not written (one bit flip removes an entry)
-//               bit 3 huge: a dataset of u64 dimensions, chunked, no data written (reads give the
-//                     fill value): a file that claims any size without holding it
+//               bit 3 huge: a dataset whose dimensions are m << s (u8 s, varint m; at most 2^62),
+//                     chunked, no data written (reads give the fill value): a file that claims
+//                     any size without holding it
 //   str8 name   the path of a dataset, group or link; the name of an attribute
 //   attribute:  str8 object (the path it is attached to; "" is "/"; created as a group if missing)
 //   link:       str8 target
@@ -18,11 +21,10 @@
 //     u8 type   bits 0-2: 0 f64, 1 f32, 2 i64, 3 i32, 4 u8, 5 u64, 6 variable-length string,
 //               7 fixed-length string (then u8 width); bit 3: big-endian numbers, ASCII strings
 //     u8 rank   modulo 4; 0 is a scalar
-//     dims      rank x u16 (huge: rank x u64); more than kMaxElements elements (not huge) drops
-//               the entry
-//     values    (not huge) numbers as the type's bytes; strings as u16 length + bytes (variable)
-//               or width bytes (fixed)
-// str8 is a u8 length and the bytes; integers are little-endian.
+//     dims      rank varints (LEB128); more than kMaxElements elements (not huge) drops the entry
+//     values    (not huge) numbers as the type's bytes; strings as a varint length and the bytes
+//               (variable) or width bytes (fixed)
+// str8 is a u8 length and the bytes; numbers are little-endian unless the type says otherwise.
 #include <cstddef>
 #include <cstdint>
 #include <string>
