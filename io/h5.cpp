@@ -263,6 +263,7 @@ std::string FileReader::read_string_attr(const std::string& name) const {
   if (H5Aexists(file_, name.c_str()) <= 0)
     throw Error("'" + path_ + "' has no attribute '" + name + "'");
   Handle a = checked(H5Aopen(file_, name.c_str(), H5P_DEFAULT), H5Aclose, "H5Aopen failed");
+  detail::check_single(a.get(), "attribute '" + name + "' of '" + path_ + "'");
   Handle type = utf8_string_type();
   char* s = nullptr;
   check(H5Aread(a.get(), type.get(), &s), "cannot read attribute '" + name + "'");
@@ -275,6 +276,7 @@ double FileReader::read_double_attr(const std::string& name) const {
   if (H5Aexists(file_, name.c_str()) <= 0)
     throw Error("'" + path_ + "' has no attribute '" + name + "'");
   Handle a = checked(H5Aopen(file_, name.c_str(), H5P_DEFAULT), H5Aclose, "H5Aopen failed");
+  detail::check_single(a.get(), "attribute '" + name + "' of '" + path_ + "'");
   double v = 0;
   check(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v), "cannot read attribute '" + name + "'");
   return v;

@@ -48,6 +48,13 @@ inline void check(herr_t rc, const std::string& what) {
   if (rc < 0) throw Error(what);
 }
 
+// An attribute read into one value must hold exactly one: H5Aread writes every element it holds
+// (an array attribute overflowed the reader's variable).
+inline void check_single(hid_t attr, const std::string& what) {
+  Handle space = checked(H5Aget_space(attr), H5Sclose, "cannot read the dataspace of " + what);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Error(what + " is not a single value");
+}
+
 // Opens an existing file read-only; `fapl` selects serial or MPI-IO access. A missing file, a
 // file that is not HDF5 and a corrupt one each throw their own one-line message.
 Handle open_file(const std::string& path, hid_t fapl);
