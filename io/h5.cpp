@@ -251,6 +251,7 @@ std::vector<double> FileReader::read(const std::string& name, Dims* dims) const 
   const Dims d = dataset_dims(dset.get());
   std::size_t n = 1;
   for (auto v : d) n *= v;
+  detail::check_stored(dset.get(), n, "'" + name + "' in '" + path_ + "'");
   std::vector<double> out(n);
   if (n > 0)
     check(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
@@ -290,6 +291,7 @@ std::vector<std::string> FileReader::read_strings(const std::string& name) const
   if (H5Tget_class(ftype.get()) != H5T_STRING)
     throw Error("'" + name + "' in '" + path_ + "' is not a string dataset");
   const std::size_t n = d[0];
+  detail::check_stored(dset.get(), n, "'" + name + "' in '" + path_ + "'");
   std::vector<std::string> out(n);
   if (n == 0) return out;
   if (H5Tis_variable_str(ftype.get()) > 0) {
