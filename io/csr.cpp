@@ -55,6 +55,7 @@ Handle open_1d(hid_t file, const DataRef& ref, const std::string& name, std::int
     throw Error(where(ref, name) + " must be a 1-D array");
   hsize_t n = 0;
   H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  detail::check_stored(d.get(), n, where(ref, name));
   if (numeric) {
     Handle type = checked(H5Dget_type(d.get()), H5Tclose, "cannot read dataset type");
     const H5T_class_t cls = H5Tget_class(type.get());

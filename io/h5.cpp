@@ -251,6 +251,7 @@ std::vector<double> FileReader::read(const std::string& name, Dims* dims) const 
   const Dims d = dataset_dims(dset.get());
   std::size_t n = 1;
   for (auto v : d) n *= v;
+  detail::check_stored(dset.get(), n, "'" + name + "' in '" + path_ + "'");
   std::vector<double> out(n);
   if (n > 0)
     check(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
@@ -263,6 +264,7 @@ std::string FileReader::read_string_attr(const std::string& name) const {
   if (H5Aexists(file_, name.c_str()) <= 0)
     throw Error("'" + path_ + "' has no attribute '" + name + "'");
   Handle a = checked(H5Aopen(file_, name.c_str(), H5P_DEFAULT), H5Aclose, "H5Aopen failed");
+  detail::check_single(a.get(), "attribute '" + name + "' of '" + path_ + "'");
   Handle type = utf8_string_type();
   char* s = nullptr;
   check(H5Aread(a.get(), type.get(), &s), "cannot read attribute '" + name + "'");
@@ -275,6 +277,7 @@ double FileReader::read_double_attr(const std::string& name) const {
   if (H5Aexists(file_, name.c_str()) <= 0)
     throw Error("'" + path_ + "' has no attribute '" + name + "'");
   Handle a = checked(H5Aopen(file_, name.c_str(), H5P_DEFAULT), H5Aclose, "H5Aopen failed");
+  detail::check_single(a.get(), "attribute '" + name + "' of '" + path_ + "'");
   double v = 0;
   check(H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v), "cannot read attribute '" + name + "'");
   return v;
@@ -288,6 +291,7 @@ std::vector<std::string> FileReader::read_strings(const std::string& name) const
   if (H5Tget_class(ftype.get()) != H5T_STRING)
     throw Error("'" + name + "' in '" + path_ + "' is not a string dataset");
   const std::size_t n = d[0];
+  detail::check_stored(dset.get(), n, "'" + name + "' in '" + path_ + "'");
   std::vector<std::string> out(n);
   if (n == 0) return out;
   if (H5Tis_variable_str(ftype.get()) > 0) {

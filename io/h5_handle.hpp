@@ -48,6 +48,23 @@ inline void check(herr_t rc, const std::string& what) {
   if (rc < 0) throw Error(what);
 }
 
+// An attribute read into one value must hold exactly one: H5Aread writes every element it holds
+// (an array attribute overflowed the reader's variable).
+inline void check_single(hid_t attr, const std::string& what) {
+  Handle space = checked(H5Aget_space(attr), H5Sclose, "cannot read the dataspace of " + what);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Error(what + " is not a single value");
+}
+
+// A dataset of n > 0 elements must hold them: one whose storage is not allocated (a chunked
+// dataset whose chunks were never written, a truncated file) reads as the fill value whatever
+// size it declares, so its size is no ground for allocating memory. Refused before reading.
+inline void check_stored(hid_t dset, unsigned long long n, const std::string& what) {
+  H5D_space_status_t status;
+  if (n > 0 && (H5Dget_space_status(dset, &status) < 0 || status != H5D_SPACE_STATUS_ALLOCATED))
+    throw Error(what + " declares " + std::to_string(n) +
+                " elements but the file does not hold their data (truncated or incomplete file?)");
+}
+
 // Opens an existing file read-only; `fapl` selects serial or MPI-IO access. A missing file, a
 // file that is not HDF5 and a corrupt one each throw their own one-line message.
 Handle open_file(const std::string& path, hid_t fapl);

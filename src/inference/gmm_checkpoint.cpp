@@ -1,5 +1,6 @@
 #include "inference/gmm_checkpoint.hpp"
 
+#include <climits>
 #include <span>
 
 #include "core/error.hpp"
@@ -76,20 +77,23 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
     fp_->check(r, o_.resume);
     const std::string bad = "--resume " + o_.resume + ": ";
     auto num = [&](const char* name) { return r.read_double_attr(name); };
+    auto count = [&](const char* name, std::int64_t hi) {
+      return ckpt::read_int(r, name, 0, hi, bad);
+    };
     s.stats = r.read("/stats");
     if (s.stats.size() != n_stats) throw Error(bad + "its statistics have the wrong size");
-    s.iteration = static_cast<int>(num("iteration"));
+    s.iteration = static_cast<int>(count("iteration", INT_MAX));
     s.elapsed = num("elapsed");
-    s.res.iterations = static_cast<int>(num("iterations"));
-    s.res.steps = static_cast<std::int64_t>(num("steps"));
+    s.res.iterations = static_cast<int>(count("iterations", INT_MAX));
+    s.res.steps = count("steps", ckpt::kMaxCount);
     s.res.trace = ckpt::read_vec(r, "/trace/objective");
     s.res.seconds_trace = ckpt::read_vec(r, "/trace/seconds");
     if (o_.algorithm == Algorithm::kSvi) {
       SviPosition& p = s.svi;
-      p.epoch = static_cast<int>(num("epoch"));
-      p.step = static_cast<std::int64_t>(num("step"));
-      p.t = static_cast<std::int64_t>(num("t"));
-      p.decreases = static_cast<int>(num("decreases"));
+      p.epoch = static_cast<int>(count("epoch", INT_MAX));
+      p.step = count("step", ckpt::kMaxCount);
+      p.t = count("t", ckpt::kMaxCount);
+      p.decreases = static_cast<int>(count("decreases", INT_MAX));
       p.epoch_sum = num("epoch_sum");
       p.rho = num("rho");
       p.tau = num("tau");

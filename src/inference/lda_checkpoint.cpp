@@ -1,5 +1,7 @@
 #include "inference/lda_checkpoint.hpp"
 
+#include <climits>
+
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 
@@ -102,19 +104,22 @@ void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
     fp_->check(r, o_.resume);
     const std::string bad = "--resume " + o_.resume + ": ";
     auto num = [&](const char* name) { return r.read_double_attr(name); };
+    auto count = [&](const char* name, std::int64_t hi) {
+      return ckpt::read_int(r, name, 0, hi, bad);
+    };
     s.lambda = r.read("/lambda");
     if (s.lambda.size() != static_cast<std::size_t>(o_.topics * info.n_words))
       throw Error(bad + "its topic-word matrix has the wrong size");
     Position& p = s.pos;
-    p.iteration = static_cast<int>(num("iteration"));
-    p.step = static_cast<std::int64_t>(num("step"));
-    p.t = static_cast<std::int64_t>(num("t"));
+    p.iteration = static_cast<int>(count("iteration", INT_MAX));
+    p.step = count("step", info.n_docs);  // minibatches done in the pass
+    p.t = count("t", ckpt::kMaxCount);
     p.pass_tokens = num("pass_tokens");
     p.reduced_rows = num("reduced_rows");
-    p.reductions = static_cast<std::int64_t>(num("reductions"));
+    p.reductions = count("reductions", ckpt::kMaxCount);
     s.elapsed = num("elapsed");
-    s.res.iterations = static_cast<int>(num("iterations"));
-    s.res.sweeps = static_cast<std::int64_t>(num("sweeps"));
+    s.res.iterations = static_cast<int>(count("iterations", INT_MAX));
+    s.res.sweeps = count("sweeps", ckpt::kMaxCount);
     s.res.tokens = num("tokens");
     s.res.trace = ckpt::read_vec(r, "/trace/elbo");
     s.res.trace_seconds = ckpt::read_vec(r, "/trace/seconds");
@@ -166,7 +171,17 @@ void Checkpointer::restore(Model& model, FitResult& res) const {
 
 RowMatrix Checkpointer::gammas(std::int64_t begin, std::int64_t end) const {
   if (!resuming() || !state_->has_gammas) return RowMatrix();
-  return io::read_rows(comm_, io::DataRef{o_.resume, "/gamma"}, {n_docs_, o_.topics}, {begin, end});
+  RowMatrix g =
+      io::read_rows(comm_, io::DataRef{o_.resume, "/gamma"}, {n_docs_, o_.topics}, {begin, end});
+  // The warm start takes digammas and logs of them: gamma = alpha + expected counts > 0. Each rank
+  // checks its own documents; the lowest failing rank names the first bad one.
+  std::string err;
+  for (Eigen::Index d = 0; d < g.rows() && err.empty(); ++d)
+    if (!g.row(d).allFinite() || !(g.row(d).array() > 0).all())
+      err = "--resume " + o_.resume + ": the gammas of document " + std::to_string(begin + d) +
+            " are not all positive and finite (corrupt checkpoint?)";
+  comm_.raise_if_any(err);
+  return g;
 }
 
 std::vector<double> Checkpointer::pass_terms() const {

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -193,9 +194,11 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   if (!r.has("/architecture/hidden"))
     throw Error("'" + file + "' is not a caviar VAE model or checkpoint (no /architecture)");
   Architecture a;
-  for (double h : r.read("/architecture/hidden")) a.hidden.push_back(static_cast<int>(h));
-  a.input_dim = static_cast<int>(r.read_double_attr("input_dim"));
-  a.latent = static_cast<int>(r.read_double_attr("latent"));
+  const std::string bad = "'" + file + "': ";
+  for (double h : r.read("/architecture/hidden"))
+    a.hidden.push_back(static_cast<int>(ckpt::checked_int(h, 1, INT_MAX, bad + "a hidden width")));
+  a.input_dim = static_cast<int>(ckpt::read_int(r, "input_dim", 1, INT_MAX, bad));
+  a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
   return a;
 }
@@ -250,9 +253,10 @@ Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const ckpt
       throw Error("--resume " + path + ": parameter buffers have the wrong size");
     c.train_trace = r.read("/trace/train_elbo");
     c.test_trace = r.read("/trace/test_elbo");
-    c.step = static_cast<std::int64_t>(r.read_double_attr("step"));
-    c.epoch = static_cast<int>(r.read_double_attr("epoch"));
-    c.step_in_epoch = static_cast<std::int64_t>(r.read_double_attr("step_in_epoch"));
+    const std::string bad = "--resume " + path + ": ";
+    c.step = ckpt::read_int(r, "step", 0, ckpt::kMaxCount, bad);
+    c.epoch = static_cast<int>(ckpt::read_int(r, "epoch", 0, INT_MAX - 1, bad));
+    c.step_in_epoch = ckpt::read_int(r, "step_in_epoch", 0, ckpt::kMaxCount, bad);
     c.epoch_elbo = r.read_double_attr("epoch_elbo");
   });
   return c;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numbers>
 #include <random>
 
@@ -328,6 +329,20 @@ TEST(VaeFixedPoint, SumIsExactAndIndependentOfGrouping) {
   for (int b = 0; b < blocks; ++b) add_fixed_point(big.data(), 1, e, acc.data());
   EXPECT_GT(acc[0], 0);
   EXPECT_EQ(fixed_point_exponent(0.0, 4), 0);
+}
+
+TEST(VaeFixedPoint, DivergedGradientIsDefined) {
+  // A diverged step (found by fuzzing a resumed VAE checkpoint): the maximum is not finite, the
+  // exponent is 0, and the conversion must stay defined: +-inf and huge floats clamp to +-2^62,
+  // NaN adds nothing, finite small values convert as usual.
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> g{inf, -inf, std::numeric_limits<float>::quiet_NaN(), 3e38f, 2.5f};
+  const int e = fixed_point_exponent(static_cast<double>(inf), 4);
+  EXPECT_EQ(e, 0);
+  std::vector<std::int64_t> acc(g.size(), 1);
+  add_fixed_point(g.data(), static_cast<std::int64_t>(g.size()), e, acc.data());
+  const std::int64_t big = std::int64_t{1} << 62;
+  EXPECT_EQ(acc, (std::vector<std::int64_t>{1 + big, 1 - big, 1, 1 + big, 3}));
 }
 
 TEST(VaeMath, NormalQuantile) {

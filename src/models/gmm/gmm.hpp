@@ -184,7 +184,7 @@ class Stats {
 
  private:
   int dim_, k_;
-  Covariance cov_;
+  [[maybe_unused]] Covariance cov_;  // stored, never read (clang: -Wunused-private-field)
   std::size_t moment_size_;
   std::vector<double> buf_;
   std::optional<ExactPart> exact_;

@@ -121,9 +121,15 @@ int fixed_point_exponent(double max_abs, std::int64_t n_terms) {
 void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
   const double scale = std::ldexp(1.0, exponent);
   // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
-  // every rank, and the integer additions are exact and associative.
-  for (std::int64_t i = 0; i < n; ++i)
-    acc[i] += static_cast<std::int64_t>(static_cast<double>(g[i]) * scale);
+  // every rank, and the integer additions are exact and associative. Scaled values are below
+  // 2^61 unless the gradient is not finite (an infinite or NaN maximum gives exponent 0):
+  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a run
+  // has diverged, and its non-finite epoch ELBO ends it ("training diverged").
+  constexpr double kMax = 0x1p62;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(g[i]) * scale;
+    acc[i] += x == x ? static_cast<std::int64_t>(std::clamp(x, -kMax, kMax)) : 0;
+  }
 }
 
 void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
