@@ -13,9 +13,11 @@
 // fixed by the problem's sizes. docs/reproducibility.md states the rule; the adversarial test
 // tests/determinism/test_heap_layout.py enforces it.
 //
-// Only the plain forms are replaced: the standard library's array and nothrow forms call this
-// one, its over-aligned forms already align, and every form's memory is freed by the default
-// operator delete (free), which accepts posix_memalign's blocks.
+// Every plain form of new and delete is replaced, as a set: new, new[] and their nothrow forms
+// allocate with posix_memalign, and every plain delete frees with free. Replacing only some would
+// pair one runtime's allocation with another's release (AddressSanitizer, which brings its own
+// operator new, reports that as alloc-dealloc-mismatch). The over-aligned (align_val_t) forms are
+// left to the runtime, which pairs them with its own deletes.
 #include <cstdlib>
 #include <new>
 
@@ -32,4 +34,39 @@ void* operator new(std::size_t size) {
     if (!handler) throw std::bad_alloc();
     handler();
   }
+}
+
+void* operator new[](std::size_t size) {
+  return ::operator new(size);
+}
+
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return ::operator new(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
+  return ::operator new(size, std::nothrow);
+}
+
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
 }
