@@ -58,13 +58,16 @@ export ASAN_OPTIONS=detect_leaks=0:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export OMP_NUM_THREADS=1
 bin() { echo "$build/tests/fuzz/fuzz_$1"; }
+cd "$out"  # whatever libFuzzer writes lands in the build tree
+rm -f "$out/artifacts/"*
 
 # 3. Regressions: every input that once crashed a target is run through it again, once.
 failed=0
 for t in "${targets[@]}"; do
   reg=$root/tests/fuzz/regressions/$t
   compgen -G "$reg/*" >/dev/null || continue
-  if "$(bin "$t")" "$reg"/* >"$out/logs/$t.regressions.log" 2>&1; then
+  if "$(bin "$t")" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$out/artifacts/$t-regression-" \
+    "$reg"/* >"$out/logs/$t.regressions.log" 2>&1; then
     echo "check_fuzz: $t: $(ls "$reg" | wc -l) regression input(s) pass"
   else
     echo "check_fuzz: $t: a regression input crashes again:" >&2
@@ -90,7 +93,6 @@ run_target() {
     -artifact_prefix="$out/artifacts/$t-" "${dirs[@]}" >"$out/logs/$t.log" 2>&1 || rc=$?
   echo "$rc" >"$out/logs/$t.status"
 }
-rm -f "$out/artifacts/"*
 for t in "${targets[@]}"; do
   while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
   run_target "$t" &

@@ -102,6 +102,20 @@ def main():
         fp = json.loads(f.attrs["fingerprint"])
         del fp["epoch_average"]
         f.attrs["fingerprint"] = json.dumps(fp)
+    # Checkpoints edited as fuzzing found them crash the readers (tests/fuzz/regressions): a
+    # counter that is no integer, an attribute that is an array, a dataset declaring 3e8 values it
+    # does not hold.
+    edits = {
+        "ck_iter_1e300.h5": lambda f: f.attrs.__setitem__("iteration", 1e300),
+        "ck_attr_array.h5": lambda f: f.attrs.__setitem__("elapsed", np.arange(64.0)),
+        "ck_unstored.h5": lambda f: (f.__delitem__("stats"),
+                                     f.create_dataset("stats", shape=(3 * 10**8,), dtype="f8",
+                                                      chunks=(64,), maxshape=(None,))),
+    }
+    for name, edit in edits.items():
+        shutil.copyfile(p("ck.h5"), p(name))
+        with h5py.File(p(name), "r+") as f:
+            edit(f)
     # LDA: two corpora of the same shape, one with another vocabulary size, and a CAVI checkpoint
     # (K = 3) of the first.
     for argv in ([caviar, "generate", "lda", "--docs", "300", "--words", "60", "--topics", "3",
@@ -125,6 +139,16 @@ def main():
             dst.create_dataset(name, data=v[::-1] if name == "data" else v, dtype=src[name].dtype)
         for k, v in src.attrs.items():
             dst.attrs[k] = v
+    # A CAVI checkpoint with a negative gamma, and a corpus whose /indptr declares 3e8 entries it
+    # does not hold.
+    shutil.copyfile(p("lda_ck.h5"), p("lda_ck_neg_gamma.h5"))
+    with h5py.File(p("lda_ck_neg_gamma.h5"), "r+") as f:
+        f["gamma"][7, 1] = -1e-300
+    shutil.copyfile(p("lda_a.h5"), p("lda_unstored.h5"))
+    with h5py.File(p("lda_unstored.h5"), "r+") as f:
+        del f["indptr"]
+        f.create_dataset("indptr", shape=(3 * 10**8,), dtype="i8", chunks=(64,), maxshape=(None,))
+        del f.attrs["shape"]
     lda = lambda data, *rest: [caviar, "lda", "fit", "--data", data, "--algorithm", "cavi"] + list(rest)
     cases = [
         # (name, ranks, argv, expected substring of the error line)
@@ -183,6 +207,11 @@ def main():
         ("lda resume: another corpus of the same shape", 2, lda(p("lda_same_shape.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "its corpus differs from this run's --data"),
         ("lda resume: another vocabulary", 2, lda(p("lda_v70.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "vocabulary size V = 60, this run has vocabulary size V = 70"),
         ("lda resume: another algorithm", 2, [caviar, "lda", "fit", "--data", p("lda_a.h5"), "--algorithm", "svi", "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out], "--algorithm cavi, this run has --algorithm svi"),
+        ("resume: a counter that is not an integer", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_iter_1e300.h5"), "--out", out), "its attribute 'iteration' = 1.0000000000000001e+300 is not an integer"),
+        ("resume: an array attribute", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_attr_array.h5"), "--out", out), "attribute 'elapsed' of"),
+        ("resume: a dataset the file does not hold", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_unstored.h5"), "--out", out), "'/stats' in"),
+        ("lda resume: a negative gamma", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck_neg_gamma.h5"), "--out", out), "the gammas of document 7 are not all positive"),
+        ("lda: an indptr the file does not hold", 2, lda(p("lda_unstored.h5"), "--topics", "3", "--out", out), "declares 300000000 elements"),
         ("lda checkpoint is the output", 2, lda(p("lda_a.h5"), "--topics", "3", "--checkpoint", out, "--out", out), "--checkpoint and --out name the same file"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
