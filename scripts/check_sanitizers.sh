@@ -76,10 +76,31 @@ cp "$build/Testing/Temporary/LastTest.log" "$ctest_logs/serial.log"
 # frame pointers and are dlclose()d at finalize, so with the fast unwinder their leaks show one
 # "<unknown module>" frame that no suppression can match. It costs ~2x on these tests (8x on
 # unit's many small Eigen allocations, hence the split).
+mpi_cli_status=0
 ASAN_OPTIONS=$asan_options:fast_unwind_on_malloc=0 \
   ctest --test-dir "$build" -R '^(mpi\.np[12]|mpi\.lda\.np[12]|vae_mpi\.np[12]|cli\.(formats|lda|vae))$' \
-  -j"$jobs" --output-on-failure || status=$?
+  -j"$jobs" --output-on-failure || mpi_cli_status=$?
 cp "$build/Testing/Temporary/LastTest.log" "$ctest_logs/mpi_cli.log"
+# GCC 12's LeakSanitizer can crash in its own stop-the-world tracer at exit ("Tracer caught
+# signal 11 ... LeakSanitizer has encountered a fatal error"): a failure of the tool, not a report
+# about caviar (seen on this VM under load; the same tests pass on a rerun). When every report
+# file holds only such crashes, the failed tests run once more, with their own report files; any
+# real report, or a second failure, still fails the job.
+if [ "$mpi_cli_status" -ne 0 ] && [ -n "$(ls -A "$logs")" ] &&
+  ! grep -L 'LeakSanitizer has encountered a fatal error' "$logs"/* | grep -q . &&
+  ! grep -q -e 'ERROR: AddressSanitizer' -e 'ERROR: LeakSanitizer: detected' -e 'runtime error:' \
+    "$logs"/*; then
+  echo "check_sanitizers: LeakSanitizer's tracer crashed (a tool failure, logs kept in" \
+    "$logs-tracer-crash); rerunning the failed tests once" >&2
+  rm -rf "$logs-tracer-crash"
+  mv "$logs" "$logs-tracer-crash"
+  mkdir -p "$logs"
+  mpi_cli_status=0
+  ASAN_OPTIONS=$asan_options:fast_unwind_on_malloc=0 \
+    ctest --test-dir "$build" --rerun-failed -j"$jobs" --output-on-failure || mpi_cli_status=$?
+  cp "$build/Testing/Temporary/LastTest.log" "$ctest_logs/mpi_cli_rerun.log"
+fi
+[ "$mpi_cli_status" -eq 0 ] || status=$mpi_cli_status
 
 if grep -n -e 'runtime error:' -e 'ERROR: AddressSanitizer' -e 'ERROR: LeakSanitizer' \
   "$ctest_logs"/*.log >&2; then
