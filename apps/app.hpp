@@ -7,23 +7,14 @@
 #include <string>
 
 #include "comm/comm.hpp"
+#include "engine/command.hpp"
 
 namespace caviar::app {
 
-struct Context {
-  const Comm* comm = nullptr;
-  std::string command_line;  // provenance, stored in output files
-  bool quiet = false;
-  std::function<void()> action;  // set by the chosen subcommand
-  // Set by subcommands that poll SIGTERM/SIGUSR1 at iteration boundaries (checkpoints): main
-  // then keeps the flag-only handlers it installed before MPI_Init (core/signals.hpp).
-  bool stop_signals = false;
-};
-
-// Rank 0 prints the final summary as one JSON line on stdout.
-void print_summary(const Context& ctx, const nlohmann::ordered_json& j);
-// Rank 0 prints a progress line on stderr (unless --quiet).
-void print_progress(const Context& ctx, const std::string& line);
+// The command layer shared with the models' own commands (engine/command.hpp).
+using engine::Context;
+using engine::print_progress;
+using engine::print_summary;
 
 void add_gmm_commands(CLI::App& app, Context& ctx);
 void add_generate_commands(CLI::App& app, Context& ctx);

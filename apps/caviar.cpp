@@ -12,20 +12,6 @@
 #include "core/signals.hpp"
 #include "inference/checkpoint.hpp"
 
-namespace caviar::app {
-
-void print_summary(const Context& ctx, const nlohmann::ordered_json& j) {
-  if (ctx.comm->is_root()) std::cout << j.dump() << std::endl;
-}
-
-void print_progress(const Context& ctx, const std::string& line) {
-  // One write per line (std::cerr is unbuffered: `<< line << std::endl` is two), so that a line
-  // is not split when mpirun or SLURM interleave it with stdout in one file.
-  if (!ctx.quiet && ctx.comm->is_root()) std::cerr << (line + '\n') << std::flush;
-}
-
-}  // namespace caviar::app
-
 int main(int argc, char** argv) {
   using namespace caviar;
   // Flag-only SIGTERM/SIGUSR1 handlers before anything else, MPI_Init included (Open MPI's

@@ -410,6 +410,30 @@ void ParallelRowWriter::write_rows(const std::string& name, std::int64_t global_
   write_impl(name, global_rows, range, data, row_shape, Type::kFloat);
 }
 
+void ParallelRowWriter::write_global(const std::string& name, std::span<const double> data,
+                                     const Dims& dims) {
+  if (dims.empty()) throw Error("write_global: '" + name + "' needs at least one dimension");
+  const auto rows = static_cast<std::int64_t>(dims[0]);
+  const RowRange range = comm_.is_root() ? RowRange{0, rows} : RowRange{0, 0};
+  write_impl(name, rows, range, data.data(), Dims(dims.begin() + 1, dims.end()), Type::kDouble);
+}
+
+void ParallelRowWriter::attr(const std::string& name, double v) {
+  comm_.agree([&] { write_attr(file_, name, H5T_NATIVE_DOUBLE, &v); });
+}
+
+void ParallelRowWriter::attr(const std::string& name, std::int64_t v) {
+  comm_.agree([&] { write_attr(file_, name, H5T_NATIVE_INT64, &v); });
+}
+
+void ParallelRowWriter::attr(const std::string& name, const std::string& v) {
+  comm_.agree([&] {
+    Handle type = utf8_string_type();
+    const char* p = v.c_str();
+    write_attr(file_, name, type.get(), &p);
+  });
+}
+
 void ParallelRowWriter::write_impl(const std::string& name, std::int64_t global_rows,
                                    RowRange range, const void* data, const Dims& row_shape,
                                    Type dtype) {

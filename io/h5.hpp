@@ -98,6 +98,12 @@ class ParallelRowWriter {
   // float32 on disk (e.g. images, VAE codes): half the bytes where double precision is not needed.
   void write_rows(const std::string& name, std::int64_t global_rows, RowRange range,
                   const float* data, const Dims& row_shape);
+  // A dataset every rank holds the same copy of (dims[0] rows of dims[1..]): rank 0's is written.
+  void write_global(const std::string& name, std::span<const double> data, const Dims& dims);
+  // Collective: every rank passes the same value.
+  void attr(const std::string& name, double v);
+  void attr(const std::string& name, std::int64_t v);
+  void attr(const std::string& name, const std::string& v);
   void commit();
 
  private:

@@ -10,10 +10,34 @@
 
 #include "core/error.hpp"
 #include "core/signals.hpp"
+#include "io/csr.hpp"
 
 namespace caviar::ckpt {
 
 namespace {
+// The corpus's identity, hashed as ckpt::data_identity hashes a matrix (its windows, its hash):
+// the shape (documents, vocabulary, entries), then the sampled documents' word ids and counts.
+// Collective: every rank reads the same few documents.
+std::string corpus_identity(const Comm& comm, const io::DataRef& ref, const io::CorpusInfo& info,
+                            const std::vector<std::int64_t>& indptr) {
+  IdentityHash h;
+  h.word(static_cast<std::uint64_t>(info.n_docs));
+  h.word(static_cast<std::uint64_t>(info.n_words));
+  h.word(static_cast<std::uint64_t>(info.nnz));
+  for (const auto& [b, e] : identity_windows(info.n_docs)) {
+    const lda::Corpus c = io::read_corpus_range(comm, ref, indptr, info.n_words, b, e);
+    h.word(static_cast<std::uint64_t>(b));
+    for (std::int64_t d = 0; d < c.n_docs(); ++d) {
+      h.word(static_cast<std::uint64_t>(c.indptr[d + 1] - c.indptr[d]));
+      for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
+        h.word(static_cast<std::uint64_t>(c.words[j]));
+        h.value(c.counts[j]);
+      }
+    }
+  }
+  return h.hex();
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -60,12 +84,25 @@ void Fingerprint::add(const std::string& key, double value, const std::string& f
   add(key, std::string(buf), flag);
 }
 
+namespace {
+template <class Writer>
+void write_fingerprint(Writer& w, const std::string& model, const nlohmann::ordered_json& j) {
+  w.attr("model", model);
+  w.attr("checkpoint", static_cast<std::int64_t>(1));
+  w.attr("fingerprint", j.dump());
+}
+}  // namespace
+
 void Fingerprint::write(io::FileWriter& w) const {
   nlohmann::ordered_json j;
   for (const Entry& e : entries_) j[e.key] = e.value;
-  w.attr("model", model_);
-  w.attr("checkpoint", static_cast<std::int64_t>(1));
-  w.attr("fingerprint", j.dump());
+  write_fingerprint(w, model_, j);
+}
+
+void Fingerprint::write(io::ParallelRowWriter& w) const {
+  nlohmann::ordered_json j;
+  for (const Entry& e : entries_) j[e.key] = e.value;
+  write_fingerprint(w, model_, j);
 }
 
 void Fingerprint::check(const io::FileReader& r, const std::string& file) const {
@@ -240,6 +277,23 @@ void write_vec(io::FileWriter& w, const std::string& name, std::span<const doubl
 
 std::vector<double> read_vec(const io::FileReader& r, const std::string& name) {
   return r.has(name) ? r.read(name) : std::vector<double>{};
+}
+
+void add_corpus(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,
+                const io::CorpusInfo& info, const std::vector<std::int64_t>* indptr) {
+  std::vector<std::int64_t> read;
+  if (!indptr) {
+    io::CorpusInfo again;
+    read = io::read_indptr(comm, ref, &again);
+    indptr = &read;
+  }
+  fp.add(flag.substr(2) + "_shape",
+         std::to_string(info.n_docs) + "x" + std::to_string(info.n_words) + "x" +
+             std::to_string(info.nnz),
+         flag + " (documents x vocabulary x entries)");
+  fp.add(flag.substr(2) + "_identity", corpus_identity(comm, ref, info, *indptr), flag,
+         "its corpus differs from this run's " + flag + " " + ref.str() +
+             " (hash of sampled documents)");
 }
 
 }  // namespace caviar::ckpt

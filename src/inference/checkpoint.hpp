@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "io/csr.hpp"
 #include "io/h5.hpp"
 
 namespace caviar::ckpt {
@@ -51,6 +52,7 @@ class Fingerprint {
   void add(const std::string& key, std::int64_t value, const std::string& flag);
   void add(const std::string& key, double value, const std::string& flag);  // exact (%.17g)
   void write(io::FileWriter& w) const;  // attributes "model", "checkpoint", "fingerprint" (JSON)
+  void write(io::ParallelRowWriter& w) const;  // the same, collectively
   // Throws caviar::Error ("--resume FILE: ...") unless r is a checkpoint of the same model with
   // the same entries.
   void check(const io::FileReader& r, const std::string& file) const;
@@ -88,6 +90,12 @@ std::vector<std::pair<std::int64_t, std::int64_t>> identity_windows(std::int64_t
 // job may copy its input to scratch between runs).
 void add_data(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,
               const io::MatrixShape& shape);
+
+// Adds a CSR corpus's shape (documents x vocabulary x entries) and identity (the hash and sampling
+// of data_identity over the sampled documents' word ids and counts) to a fingerprint. indptr is
+// the corpus's whole /indptr if the caller holds it, else nullptr (it is read). Collective.
+void add_corpus(Fingerprint& fp, const Comm& comm, const std::string& flag, const io::DataRef& ref,
+                const io::CorpusInfo& info, const std::vector<std::int64_t>* indptr);
 
 // Rank 0 checks that --checkpoint can be written and is none of `inputs` (a --resume file may be
 // the same file: it is read before the first write).

@@ -18,46 +18,6 @@ ckpt::Every checked_every(const Comm& comm, const FitOptions& o,
   return ckpt::parse_every(o.checkpoint_every);
 }
 
-// The corpus's identity, hashed as ckpt::data_identity hashes a matrix (its windows, its hash):
-// the shape (documents, vocabulary, entries), then the sampled documents' word ids and counts.
-// Collective: every rank reads the same few documents.
-std::string corpus_identity(const Comm& comm, const io::DataRef& ref, const io::CorpusInfo& info,
-                            const std::vector<std::int64_t>& indptr) {
-  ckpt::IdentityHash h;
-  h.word(static_cast<std::uint64_t>(info.n_docs));
-  h.word(static_cast<std::uint64_t>(info.n_words));
-  h.word(static_cast<std::uint64_t>(info.nnz));
-  for (const auto& [b, e] : ckpt::identity_windows(info.n_docs)) {
-    const Corpus c = io::read_corpus_range(comm, ref, indptr, info.n_words, b, e);
-    h.word(static_cast<std::uint64_t>(b));
-    for (std::int64_t d = 0; d < c.n_docs(); ++d) {
-      h.word(static_cast<std::uint64_t>(c.indptr[d + 1] - c.indptr[d]));
-      for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
-        h.word(static_cast<std::uint64_t>(c.words[j]));
-        h.value(c.counts[j]);
-      }
-    }
-  }
-  return h.hex();
-}
-
-void add_corpus(ckpt::Fingerprint& fp, const Comm& comm, const std::string& flag,
-                const io::DataRef& ref, const io::CorpusInfo& info,
-                const std::vector<std::int64_t>* indptr) {
-  std::vector<std::int64_t> read;
-  if (!indptr) {
-    io::CorpusInfo again;
-    read = io::read_indptr(comm, ref, &again);
-    indptr = &read;
-  }
-  fp.add(flag.substr(2) + "_shape",
-         std::to_string(info.n_docs) + "x" + std::to_string(info.n_words) + "x" +
-             std::to_string(info.nnz),
-         flag + " (documents x vocabulary x entries)");
-  fp.add(flag.substr(2) + "_identity", corpus_identity(comm, ref, info, *indptr), flag,
-         "its corpus differs from this run's " + flag + " " + ref.str() +
-             " (hash of sampled documents)");
-}
 }  // namespace
 
 Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
@@ -75,10 +35,10 @@ void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
   fp.add("algorithm", o_.algorithm, "--algorithm");
   fp.add("topics", static_cast<std::int64_t>(o_.topics), "--topics");
   fp.add("words", info.n_words, "vocabulary size V =");
-  add_corpus(fp, comm_, "--data", ref, info, indptr);
+  ckpt::add_corpus(fp, comm_, "--data", ref, info, indptr);
   if (heldout) {
     io::CorpusInfo hi = io::inspect_corpus(comm_, *heldout);
-    add_corpus(fp, comm_, "--heldout", *heldout, hi, nullptr);
+    ckpt::add_corpus(fp, comm_, "--heldout", *heldout, hi, nullptr);
   } else {
     fp.add("heldout", std::string("none"), "--heldout");
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "engine/reduce.hpp"
 #include "models/lda/lda.hpp"
 
 namespace caviar::lda {
@@ -108,8 +109,7 @@ RowMatrix true_topics(const GenerateOptions& o);
 // Collective: a corpus from the LDA generative model; document d depends only on (seed, d).
 void generate(const Comm& comm, const GenerateOptions& o);
 
-// Exact order-independent global sum of doubles (core/exact_sum.hpp's ExactSum on the grid of
-// 2 n max|x|, n and max over every rank).
-double exact_sum(const Comm& comm, std::span<const double> v);
+// Exact order-independent global sum of doubles (the engine's).
+using engine::exact_sum;
 
 }  // namespace caviar::lda

@@ -17,12 +17,6 @@ namespace caviar::lda {
 
 using Eigen::VectorXd;
 
-double fixed_point_scale(double bound) {
-  int e = 0;
-  std::frexp(std::max(bound, 1.0), &e);  // bound < 2^e
-  return std::ldexp(1.0, 61 - e);
-}
-
 Stats::Stats(int n_topics, std::int64_t n_words, double scale)
     : k_(n_topics),
       v_(n_words),

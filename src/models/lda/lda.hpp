@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "core/fixed_point.hpp"
 #include "models/lda/corpus.hpp"
 
 namespace caviar::lda {
@@ -31,9 +32,7 @@ struct LocalOptions {
   int max_iter = 100;
 };
 
-// The largest power of two s with bound * s < 2^61: values in [0, bound] summed as round(x * s)
-// leave headroom for the rounding of many terms below 2^63.
-double fixed_point_scale(double bound);
+using caviar::fixed_point_scale;  // core/fixed_point.hpp
 
 // Expected topic-word counts sum_d sum_w n_dw phi_dwk (seed eq. 12 without eta), in int64 fixed
 // point with a scale shared by every rank. Stored word-major (V x K: a word's K topics are

@@ -1,0 +1,31 @@
+#pragma once
+// The outputs every fit writes the same way: the model file of --out (the model's own save(),
+// the traces and the provenance, readable with h5py) and per-row outputs (e.g. --doc-topics),
+// written by every rank in parallel.
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "comm/comm.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/run.hpp"
+#include "engine/state.hpp"
+
+namespace caviar::engine {
+
+struct Provenance {
+  std::string model, algorithm, data, command, version;
+  std::uint64_t seed = 0;
+};
+
+// Rank 0 writes `out` atomically (collective: agreed errors): the model's datasets and attributes
+// at the root, trace/objective, trace/seconds (and trace/heldout), and the attributes model,
+// algorithm, objective, n_iter, converged, ranks, threads, seed, data, version, command.
+void write_model_file(const Comm& comm, const std::string& out,
+                      const std::function<void(StateWriter&)>& save, const RunResult& res,
+                      const Provenance& p);
+
+// Collective: every rank writes its rows of s to the dataset s.name of `out` (atomic).
+void write_rows_file(const Comm& comm, const std::string& out, const RowState& s);
+
+}  // namespace caviar::engine
