@@ -11,6 +11,7 @@
 #include "core/isa.hpp"
 #include "core/signals.hpp"
 #include "inference/checkpoint.hpp"
+#include "models/plsa/commands.hpp"
 
 int main(int argc, char** argv) {
   using namespace caviar;
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   app::add_prep_commands(cli, ctx);
   app::add_lda_commands(cli, ctx);
   app::add_vae_commands(cli, ctx);
+  plsa::add_commands(cli, ctx);
 
   // Every rank parses the same arguments, so every rank reaches the same verdict.
   try {

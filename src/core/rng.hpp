@@ -19,6 +19,7 @@ enum class Stream : std::uint32_t {
   kVaeShuffle = 8,    // VAE epoch permutations
   kLdaInit = 9,       // LDA initial topics
   kLdaGenerate = 10,  // synthetic LDA corpora
+  kPlsaInit = 11,     // pLSA initial topics
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -150,6 +150,27 @@ def main():
         f.create_dataset("indptr", shape=(3 * 10**8,), dtype="i8", chunks=(64,), maxshape=(None,))
         del f.attrs["shape"]
     lda = lambda data, *rest: [caviar, "lda", "fit", "--data", data, "--algorithm", "cavi"] + list(rest)
+    # Corrupt corpora for pLSA (the same reader as LDA): one defect each.
+    def corpus_copy(name, edit):
+        with h5py.File(p("lda_a.h5"), "r") as src, h5py.File(p(name), "w") as dst:
+            for key in src:
+                dst.create_dataset(key, data=src[key][()], dtype=src[key].dtype)
+            for k, v in src.attrs.items():
+                dst.attrs[k] = v
+            edit(dst)
+    def set_entry(f, key, i, v):
+        a = f[key][()].astype(type(v))
+        a[i] = v
+        del f[key]
+        f.create_dataset(key, data=a)
+    corpus_copy("c_negative.h5", lambda f: set_entry(f, "data", 5, -2))
+    corpus_copy("c_fraction.h5", lambda f: set_entry(f, "data", 5, 1.5))  # float counts
+    corpus_copy("c_word_range.h5", lambda f: set_entry(f, "indices", 9, 60))
+    corpus_copy("c_not_monotone.h5", lambda f: set_entry(f, "indptr", 2, 0))
+    corpus_copy("c_no_tokens.h5", lambda f: set_entry(f, "data", slice(None), 0))
+    subprocess.run(mpirun(1) + [caviar, "-q", "plsa", "fit", "--data", p("lda_a.h5"), "--topics", "3",
+                                "--max-iter", "2", "--out", p("plsa_m.h5")], check=True, capture_output=True)
+    plsa = lambda data, *rest: [caviar, "plsa", "fit", "--data", data] + list(rest)
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -213,6 +234,20 @@ def main():
         ("lda resume: a negative gamma", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck_neg_gamma.h5"), "--out", out), "the gammas of document 7 are not all positive"),
         ("lda: an indptr the file does not hold", 2, lda(p("lda_unstored.h5"), "--topics", "3", "--out", out), "declares 300000000 elements"),
         ("lda checkpoint is the output", 2, lda(p("lda_a.h5"), "--topics", "3", "--checkpoint", out, "--out", out), "--checkpoint and --out name the same file"),
+        ("plsa: missing corpus", 2, plsa(p("nope.h5"), "--topics", "3", "--out", out), "no such file"),
+        ("plsa: K = 0", 2, plsa(p("lda_a.h5"), "--topics", "0", "--out", out), "--topics must be >= 1"),
+        ("plsa: a negative count", 2, plsa(p("c_negative.h5"), "--topics", "3", "--out", out), "is negative"),
+        ("plsa: a count that is no integer", 2, plsa(p("c_fraction.h5"), "--topics", "3", "--out", out), "/data[5]"),
+        ("plsa: a word id out of range", 2, plsa(p("c_word_range.h5"), "--topics", "3", "--out", out), "/indices[9] = 60"),
+        ("plsa: indptr not monotone", 2, plsa(p("c_not_monotone.h5"), "--topics", "3", "--out", out), "is not monotone"),
+        ("plsa: an indptr the file does not hold", 2, plsa(p("lda_unstored.h5"), "--topics", "3", "--out", out), "declares 300000000 elements"),
+        ("plsa: a corpus without tokens", 2, plsa(p("c_no_tokens.h5"), "--topics", "3", "--out", out), "has no tokens"),
+        ("plsa: negative --smooth", 2, plsa(p("lda_a.h5"), "--topics", "3", "--smooth", "-1", "--out", out), "--smooth must be"),
+        ("plsa: --doc-topics is --out", 2, plsa(p("lda_a.h5"), "--topics", "3", "--doc-topics", out, "--out", out), "--doc-topics and --out name the same file"),
+        ("plsa: --heldout with another vocabulary", 2, plsa(p("lda_a.h5"), "--topics", "3", "--heldout", p("lda_v70.h5"), "--out", out), "vocabulary of 70 words but the model has 60"),
+        ("plsa resume: an lda checkpoint", 2, plsa(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "it was written by lda, not plsa"),
+        ("plsa score: an lda model", 2, [caviar, "plsa", "score", "--model", p("lda_ck.h5"), "--data", p("lda_a.h5")], "is not a caviar plsa model"),
+        ("plsa score: another vocabulary", 2, [caviar, "plsa", "score", "--model", p("plsa_m.h5"), "--data", p("lda_v70.h5")], "vocabulary of 70 words but the model has 60"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []
