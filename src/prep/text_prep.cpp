@@ -1,4 +1,4 @@
-#include "inference/text_prep.hpp"
+#include "prep/text_prep.hpp"
 
 #include <algorithm>
 #include <chrono>
