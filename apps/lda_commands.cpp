@@ -6,6 +6,7 @@
 #include "app.hpp"
 #include "core/parallel.hpp"
 #include "inference/lda_driver.hpp"
+#include "prep/generate_lda.hpp"
 #include "prep/text_prep.hpp"
 
 namespace caviar::app {

@@ -12,6 +12,7 @@
 #include "inference/lda_driver.hpp"
 #include "io/csr.hpp"
 #include "io/h5.hpp"
+#include "prep/generate_lda.hpp"
 
 namespace caviar {
 namespace {
