@@ -1,4 +1,4 @@
-#include "inference/init.hpp"
+#include "models/gmm/init.hpp"
 
 #include <cmath>
 #include <limits>
