@@ -18,7 +18,7 @@
 #include <span>
 #include <vector>
 
-#include "models/lda/corpus.hpp"
+#include "data/corpus.hpp"
 
 namespace caviar::lda {
 

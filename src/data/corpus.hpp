@@ -2,10 +2,11 @@
 // A rank's documents of a bag-of-words corpus, in CSR form (the scipy/anndata layout): document d
 // holds entries [indptr[d], indptr[d+1]) of (word id, count). Counts are integers stored as double
 // (validated on reading). Documents are contiguous and global ids are doc_begin + local index.
+// Read and written by io/csr.hpp; used by every bag-of-words model (models/lda).
 #include <cstdint>
 #include <vector>
 
-namespace caviar::lda {
+namespace caviar {
 
 struct Corpus {
   std::int64_t doc_begin = 0;           // global index of the first local document
@@ -33,4 +34,4 @@ struct Corpus {
   }
 };
 
-}  // namespace caviar::lda
+}  // namespace caviar
