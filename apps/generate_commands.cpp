@@ -2,8 +2,8 @@
 #include <memory>
 
 #include "app.hpp"
-#include "inference/generate.hpp"
 #include "io/h5.hpp"
+#include "prep/generate.hpp"
 
 namespace caviar::app {
 

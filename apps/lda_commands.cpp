@@ -6,7 +6,8 @@
 #include "app.hpp"
 #include "core/parallel.hpp"
 #include "inference/lda_driver.hpp"
-#include "inference/text_prep.hpp"
+#include "prep/generate_lda.hpp"
+#include "prep/text_prep.hpp"
 
 namespace caviar::app {
 

@@ -2,7 +2,7 @@
 #include <memory>
 
 #include "app.hpp"
-#include "inference/prep.hpp"
+#include "prep/prep.hpp"
 
 namespace caviar::app {
 

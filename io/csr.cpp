@@ -193,10 +193,10 @@ CorpusInfo inspect_corpus(const Comm& comm, const DataRef& ref) {
   return ci;
 }
 
-lda::Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
-                              const std::vector<std::int64_t>& indptr, std::int64_t n_words,
-                              std::int64_t d0, std::int64_t d1) {
-  lda::Corpus c;
+Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
+                         const std::vector<std::int64_t>& indptr, std::int64_t n_words,
+                         std::int64_t d0, std::int64_t d1) {
+  Corpus c;
   c.doc_begin = d0;
   c.n_words = n_words;
   const std::int64_t e0 = indptr[d0], e1 = indptr[d1];
@@ -258,7 +258,7 @@ std::pair<std::int64_t, std::int64_t> document_range(const std::vector<std::int6
   return balanced_blocks(entries, p, r);
 }
 
-lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) {
+Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) {
   CorpusInfo ci;
   const std::vector<std::int64_t> indptr = read_indptr(comm, ref, &ci);
   const std::int64_t n_blocks = (ci.n_docs + kBlockRows - 1) / kBlockRows;
@@ -297,7 +297,7 @@ lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info) 
   // mailing-list messages against 1770 spam messages with many repeated tokens), and the first
   // took 1.45 times as long (docs/experiments/lda.md).
   const auto [d0, d1] = document_range(indptr, comm.size(), comm.rank());
-  lda::Corpus c = read_corpus_range(comm, ref, indptr, ci.n_words, d0, d1);
+  Corpus c = read_corpus_range(comm, ref, indptr, ci.n_words, d0, d1);
   if (info) *info = ci;
   return c;
 }
@@ -309,7 +309,7 @@ std::vector<std::string> read_vocab(const DataRef& ref) {
   return r.read_strings(p);
 }
 
-void write_corpus(const Comm& comm, const std::string& path, const lda::Corpus& local,
+void write_corpus(const Comm& comm, const std::string& path, const Corpus& local,
                   std::int64_t n_words, const std::vector<std::string>& vocab) {
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const std::string tmp = path + ".tmp-caviar";

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "data/corpus.hpp"
 #include "io/h5.hpp"
-#include "models/lda/corpus.hpp"
 
 namespace caviar::io {
 
@@ -28,16 +28,16 @@ struct CorpusInfo {
 // tokens). Any problem (negative or
 // non-integer counts, indices out of range, indptr not monotone, mismatched lengths) is one agreed
 // caviar::Error on every rank.
-lda::Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info = nullptr);
+Corpus read_corpus(const Comm& comm, const DataRef& ref, CorpusInfo* info = nullptr);
 
 // Collective: reads only the header (sizes), validated as above except the per-entry checks.
 CorpusInfo inspect_corpus(const Comm& comm, const DataRef& ref);
 
 // Collective: documents [doc_begin, doc_end) of the corpus, without balancing (streamed reads).
 // indptr_global is the whole /indptr (every rank holds it).
-lda::Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
-                              const std::vector<std::int64_t>& indptr_global, std::int64_t n_words,
-                              std::int64_t doc_begin, std::int64_t doc_end);
+Corpus read_corpus_range(const Comm& comm, const DataRef& ref,
+                         const std::vector<std::int64_t>& indptr_global, std::int64_t n_words,
+                         std::int64_t doc_begin, std::int64_t doc_end);
 // The documents [begin, end) of rank r of p in read_corpus's split: contiguous, balanced by
 // entries (indptr[d] is the entries before document d).
 std::pair<std::int64_t, std::int64_t> document_range(const std::vector<std::int64_t>& indptr, int p,
@@ -50,7 +50,7 @@ std::vector<std::string> read_vocab(const DataRef& ref);
 
 // Collective, atomic (temp file, then rename): every rank passes its documents, in rank order of
 // the global document order; vocab is taken from rank 0. n_words is V.
-void write_corpus(const Comm& comm, const std::string& file, const lda::Corpus& local,
+void write_corpus(const Comm& comm, const std::string& file, const Corpus& local,
                   std::int64_t n_words, const std::vector<std::string>& vocab);
 
 }  // namespace caviar::io

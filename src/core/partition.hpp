@@ -7,7 +7,7 @@
 // details in docs/reproducibility.md):
 //  - do per-row work in these blocks, each block by one thread, its rows in order;
 //  - sum across blocks exactly: ExactSum (core/exact_sum.hpp) or BlockExactSum
-//    (inference/block_sum.hpp), on a grid every rank derives from the same global bounds;
+//    (data/block_sum.hpp), on a grid every rank derives from the same global bounds;
 //  - reduce those integers across ranks (never doubles), and combine threads by integer addition;
 //  - key random draws by (seed, stream, global index) with CounterRng, never by rank or thread;
 //  - let Eigen compute only on 64-byte aligned memory: Eigen's own matrices, or any heap buffer

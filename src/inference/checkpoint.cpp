@@ -25,7 +25,7 @@ std::string corpus_identity(const Comm& comm, const io::DataRef& ref, const io::
   h.word(static_cast<std::uint64_t>(info.n_words));
   h.word(static_cast<std::uint64_t>(info.nnz));
   for (const auto& [b, e] : identity_windows(info.n_docs)) {
-    const lda::Corpus c = io::read_corpus_range(comm, ref, indptr, info.n_words, b, e);
+    const Corpus c = io::read_corpus_range(comm, ref, indptr, info.n_words, b, e);
     h.word(static_cast<std::uint64_t>(b));
     for (std::int64_t d = 0; d < c.n_docs(); ++d) {
       h.word(static_cast<std::uint64_t>(c.indptr[d + 1] - c.indptr[d]));

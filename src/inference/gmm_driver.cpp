@@ -6,13 +6,13 @@
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
-#include "inference/block_sum.hpp"
+#include "data/block_sum.hpp"
+#include "data/minibatch.hpp"
 #include "inference/gmm_checkpoint.hpp"
-#include "inference/init.hpp"
-#include "inference/minibatch.hpp"
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "io/h5_stream.hpp"
+#include "models/gmm/init.hpp"
 
 namespace caviar::gmm {
 

@@ -23,8 +23,7 @@ void check(bool ok) {
   if (!ok) std::abort();  // a broken promise is a crash for libFuzzer
 }
 
-void check_corpus(const caviar::lda::Corpus& c, std::int64_t d0, std::int64_t d1,
-                  std::int64_t n_words) {
+void check_corpus(const caviar::Corpus& c, std::int64_t d0, std::int64_t d1, std::int64_t n_words) {
   check(c.doc_begin == d0 && c.n_docs() == d1 - d0 && c.n_words == n_words);
   check(c.indptr.front() == 0 && c.indptr.back() == c.nnz());
   check(c.counts.size() == c.words.size());
@@ -36,7 +35,7 @@ void check_corpus(const caviar::lda::Corpus& c, std::int64_t d0, std::int64_t d1
 // A valid corpus written by caviar's own writer: documents of words (w * d) mod V, empty ones too.
 void write_corpus(const std::string& path, bool with_vocab) {
   const std::int64_t n_docs = 12, n_words = 9;
-  caviar::lda::Corpus c;
+  caviar::Corpus c;
   for (std::int64_t d = 0; d < n_docs; ++d) {
     std::vector<std::int32_t> w;
     std::vector<double> k;
@@ -89,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   try {
     caviar::io::CorpusInfo info;
-    const caviar::lda::Corpus c = caviar::io::read_corpus(comm(), ref, &info);
+    const caviar::Corpus c = caviar::io::read_corpus(comm(), ref, &info);
     check(info.n_docs >= 1 && info.n_words >= 1 && info.nnz == c.nnz());
     check_corpus(c, 0, info.n_docs, info.n_words);  // one rank: every document
     check(info.tokens == c.tokens());

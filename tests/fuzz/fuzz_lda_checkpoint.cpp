@@ -27,7 +27,7 @@ constexpr int kConfigs = 5;
 // each, and opens dominate an input's time.
 std::string corpus_file(const std::string& name, std::int64_t n_docs, int salt) {
   const std::string p = caviar::fuzz::scratch(name);
-  lda::Corpus c;
+  caviar::Corpus c;
   for (std::int64_t d = 0; d < n_docs; ++d) {
     std::vector<std::int32_t> w;
     std::vector<double> k;

@@ -10,9 +10,9 @@
 
 #include "comm/comm.hpp"
 #include "core/error.hpp"
-#include "inference/generate.hpp"
 #include "inference/gmm_driver.hpp"
 #include "io/h5.hpp"
+#include "prep/generate.hpp"
 
 namespace caviar {
 namespace {

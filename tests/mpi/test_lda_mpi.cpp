@@ -12,6 +12,7 @@
 #include "inference/lda_driver.hpp"
 #include "io/csr.hpp"
 #include "io/h5.hpp"
+#include "prep/generate_lda.hpp"
 
 namespace caviar {
 namespace {
@@ -63,7 +64,7 @@ TEST(LdaMpi, GeneratedCorpusIsIdenticalForAnyRankCount) {
 
 TEST(LdaMpi, ShardsAreBalancedByEntries) {
   io::CorpusInfo info;
-  const lda::Corpus c = io::read_corpus(world(), io::DataRef::parse(corpus(), "/"), &info);
+  const Corpus c = io::read_corpus(world(), io::DataRef::parse(corpus(), "/"), &info);
   EXPECT_EQ(info.n_docs, 1500);
   EXPECT_EQ(info.n_words, 300);
   // Contiguous ranges that tile the corpus.

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/error.hpp"
-#include "inference/minibatch.hpp"
+#include "data/minibatch.hpp"
 #include "models/gmm/gmm.hpp"
 
 namespace caviar::gmm {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/fixed_point.hpp"
-#include "models/lda/corpus.hpp"
+#include "data/corpus.hpp"
 
 namespace caviar::lda {
 
@@ -155,12 +155,6 @@ class Model {
   std::vector<double> gather_;           // scratch of refresh_words
   mutable std::vector<Workspace> work_;  // local_step's scratch: one local_step at a time
 };
-
-// Split of a count into the observed half of document completion: the number of even positions
-// among token positions [start, start + count).
-inline double observed_part(std::int64_t start, std::int64_t count) {
-  return static_cast<double>((count + (start % 2 == 0 ? 1 : 0)) / 2);
-}
 
 // Gamma(shape, 1) draw from the counter RNG of `stream` at `index` (Marsaglia & Tsang 2000; a
 // shape below one is boosted by U^(1/shape)). Retries use successive steps, so the draw is a pure

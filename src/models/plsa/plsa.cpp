@@ -6,7 +6,6 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
-#include "models/lda/lda.hpp"  // observed_part: the document-completion split shared with LDA
 
 namespace caviar::plsa {
 
@@ -166,7 +165,7 @@ void Model::completion(const Corpus& c, std::span<double> log_prob, std::span<do
       std::int64_t pos = 0;
       for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
         const auto cnt = static_cast<std::int64_t>(c.counts[j]);
-        const double o = lda::observed_part(pos, cnt);
+        const double o = observed_part(pos, cnt);
         pos += cnt;
         held.push_back(static_cast<double>(cnt) - o);
         if (o > 0) {

@@ -28,12 +28,11 @@
 #include <vector>
 
 #include "core/fixed_point.hpp"
+#include "data/corpus.hpp"
 #include "engine/state.hpp"
-#include "models/lda/corpus.hpp"
 
 namespace caviar::plsa {
 
-using Corpus = lda::Corpus;
 using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Folding in a document (held-out scoring): EM on theta_d with phi fixed, from uniform, until the

@@ -2,10 +2,11 @@
 // A rank's documents of a bag-of-words corpus, in CSR form (the scipy/anndata layout): document d
 // holds entries [indptr[d], indptr[d+1]) of (word id, count). Counts are integers stored as double
 // (validated on reading). Documents are contiguous and global ids are doc_begin + local index.
+// Read and written by io/csr.hpp; used by every bag-of-words model (models/lda).
 #include <cstdint>
 #include <vector>
 
-namespace caviar::lda {
+namespace caviar {
 
 struct Corpus {
   std::int64_t doc_begin = 0;           // global index of the first local document
@@ -33,4 +34,11 @@ struct Corpus {
   }
 };
 
-}  // namespace caviar::lda
+// Document completion, the held-out estimator of the topic models (Wallach et al. 2009): each
+// document's tokens, taken in entry order, are observed at even positions and held out at odd
+// ones. The observed part of an entry of `count` tokens starting at token position `start`.
+inline double observed_part(std::int64_t start, std::int64_t count) {
+  return static_cast<double>((count + (start % 2 == 0 ? 1 : 0)) / 2);
+}
+
+}  // namespace caviar

@@ -1,4 +1,4 @@
-#include "inference/init.hpp"
+#include "models/gmm/init.hpp"
 
 #include <cmath>
 #include <limits>
@@ -6,7 +6,7 @@
 #include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
-#include "inference/block_sum.hpp"
+#include "data/block_sum.hpp"
 
 namespace caviar {
 

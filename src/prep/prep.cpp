@@ -1,4 +1,4 @@
-#include "inference/prep.hpp"
+#include "prep/prep.hpp"
 
 #include <Eigen/Eigenvalues>
 #include <chrono>

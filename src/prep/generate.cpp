@@ -1,4 +1,4 @@
-#include "inference/generate.hpp"
+#include "prep/generate.hpp"
 
 #include <Eigen/Cholesky>
 

@@ -1,4 +1,4 @@
-#include "inference/text_prep.hpp"
+#include "prep/text_prep.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -232,7 +232,7 @@ TextPrepResult prep_text(const Comm& comm, const TextPrepOptions& o,
         remap[kept[i]] = static_cast<std::int32_t>(i);
         vocab.push_back(names[kept[i]]);
       }
-      lda::Corpus train, test;
+      Corpus train, test;
       train.n_words = test.n_words = static_cast<std::int64_t>(vocab.size());
       std::vector<std::int32_t> w;
       std::vector<double> c;
