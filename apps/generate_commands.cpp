@@ -45,9 +45,9 @@ void add_generate_commands(CLI::App& cli, Context& ctx) {
   auto demo_out = std::make_shared<std::string>();
   auto* demo = gen->add_subcommand(
       "demo",
-      "The seed thesis's simulation studies: /three/X (3 clusters, N=1500, Fig 1.5), "
-      "/three_heldout/X (1500 more from the same mixture) and /two/X (2 clusters, N=1000, "
-      "Fig 1.7)");
+      "The simulation studies of Bruno 2022, section 1.2.3: /three/X (3 clusters, N=1500, "
+      "Fig 1.5), /three_heldout/X (1500 more from the same mixture) and /two/X (2 clusters, "
+      "N=1000, Fig 1.7)");
   demo->add_option("--out", *demo_out, "Output FILE.h5")->required();
   demo->callback([&ctx, demo_out] {
     ctx.action = [&ctx, demo_out] {

@@ -43,7 +43,7 @@ double json_number(double v) {
 
 void add_vae_commands(CLI::App& cli, Context& ctx) {
   auto* vae =
-      cli.add_subcommand("vae", "Variational autoencoder, data-parallel (seed section 4.3)");
+      cli.add_subcommand("vae", "Variational autoencoder, data-parallel (Kingma & Welling 2014)");
   vae->require_subcommand(1);
 
   // train
@@ -160,8 +160,8 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
     };
   });
 
-  auto* manifold =
-      vae->add_subcommand("manifold", "Decoded latent grid of a Z=2 model (seed Fig 4.6)");
+  auto* manifold = vae->add_subcommand(
+      "manifold", "Decoded latent grid of a Z=2 model (Kingma & Welling 2014, Figure 4)");
   add_image_options(manifold);
   manifold->add_option("--grid", *grid, "Grid points per axis")->capture_default_str();
   manifold->callback([&ctx, img, grid, report] {

@@ -1,5 +1,5 @@
-// The allreduce of one CAVI step, alone (issue 4: "E-step, M-step and allreduce kernels"): the
-// Gaussian mixture's statistics buffer for the three benchmark shapes, as the driver sends it,
+// The allreduce of one CAVI step, alone (docs/performance.md, "Allreduce share of an iteration"):
+// the Gaussian mixture's statistics buffer for the three benchmark shapes, as the driver sends it,
 // plain doubles (--fast-reduce) and the exact path's Int128 sums (one more entry: the
 // log-normalisers). Run it under MPI, e.g.
 //

@@ -1,5 +1,5 @@
 // Google Benchmark of the Gaussian-mixture kernels on one rank: one CAVI iteration (E-step with
-// statistics, M-step, ELBO) and its parts, at the shapes of the foundation and performance issues,
+// statistics, M-step, ELBO) and its parts, at the three benchmark shapes of docs/performance.md,
 // plus the machine's DGEMM rate measured in the same run (the yardstick for GFLOP/s).
 //
 //   OMP_NUM_THREADS=2 build/bench/bench_gmm                 # all shapes
@@ -32,7 +32,7 @@ struct Shape {
   std::int64_t n;
   int d, k;
 };
-// (N, D, K) of the foundation issue's benchmark: low-D/many-points, medium, and the STL-10 shape.
+// (N, D, K) of the benchmark: low-D/many-points, medium, and the STL-10 shape (Bruno 2022).
 constexpr Shape kShapes[] = {{1000000, 2, 10}, {200000, 16, 20}, {30000, 192, 30}};
 
 // A random well-separated mixture and a posterior one step away from random responsibilities,

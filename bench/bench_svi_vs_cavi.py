@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--every", type=int, default=200)
     ap.add_argument("--max-epochs", type=int, default=3)
-    ap.add_argument("--init", default="kmeans++", help="kmeans++ (as the seed) or random")
+    ap.add_argument("--init", default="kmeans++", help="kmeans++ (as Bruno 2022) or random")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     p = lambda f: os.path.join(a.workdir, f)

@@ -1,9 +1,9 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Eigen's own matrix kernels against Eigen over OpenBLAS (EIGEN_USE_BLAS), issue 4's "BLAS
-backend" question, measured side by side in one run: the same CAVI fit with the default build and
-with one configured -DCAVIAR_EIGEN_BLAS=ON, at the three benchmark shapes, interleaved (default,
-BLAS, default, BLAS, ...) so that load on a shared machine hits both alike. OpenBLAS runs with
-OPENBLAS_NUM_THREADS=1: the threads are caviar's own (OpenMP over row blocks).
+"""Eigen's own matrix kernels against Eigen over OpenBLAS (EIGEN_USE_BLAS), the "BLAS backend"
+question of docs/performance.md, measured side by side in one run: the same CAVI fit with the
+default build and with one configured -DCAVIAR_EIGEN_BLAS=ON, at the three benchmark shapes,
+interleaved (default, BLAS, default, BLAS, ...) so that load on a shared machine hits both alike.
+OpenBLAS runs with OPENBLAS_NUM_THREADS=1: the threads are caviar's own (OpenMP over row blocks).
 
 usage: blas_backend.py CAVIAR_BIN CAVIAR_BLAS_BIN WORKDIR [--scale 0.1] [--shapes 0,1,2]
                        [--threads 2] [--repeats 3] [--fast-reduce]

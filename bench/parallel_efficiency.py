@@ -1,5 +1,5 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Parallel efficiency and peak memory of `caviar gmm fit` on this machine (issue 4).
+"""Parallel efficiency and peak memory of `caviar gmm fit` on this machine (docs/performance.md).
 
 Runs the same CAVI fit (N = 1e6, D = 16, K = 20 by default; random start, --tol 0, fixed
 iteration count) at 1 rank x 1 thread, 1 x T and T x 1 (and P x 1 for each --ranks P), takes the

@@ -1,8 +1,8 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""The seed's STL-10 headline shape (issue 4): CAVI to convergence on N = 30 000 colour histograms
-(D = 3 x 64 = 192 bins of 96 x 96 pixels), K = 30, from k-means++ (the seed starts from k-means).
-The seed's Python took about 4 minutes on real STL-10 histograms (thesis section 2.1.3); the target
-here is under 30 s.
+"""The STL-10 shape of Bruno 2022, section 2.1.1 (docs/performance.md): CAVI to convergence on
+N = 30 000 colour histograms (D = 3 x 64 = 192 bins of 96 x 96 pixels), K = 30, from k-means++
+(Bruno 2022 starts from k-means). Its Python took about 4 minutes on real STL-10 histograms
+(Coates et al. 2011; Bruno 2022, section 2.1.1); the target here is under 30 s.
 
 Real STL-10 is not available offline, so the data are synthetic histograms with STL-10's shape and
 structure: 30 clusters, each a smooth two-bump intensity profile per channel; an image draws its

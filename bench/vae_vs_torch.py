@@ -1,7 +1,8 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""The PyTorch side of bench/vae_vs_torch.sh: the same VAE as `caviar vae train` (seed section
-4.3): x -> ReLU(H) -> (mu, log sigma^2) in R^Z, z -> ReLU(H) -> Bernoulli logits, one
-reparameterised sample, analytic KL, Xavier-uniform weights and zero biases, Adam(1e-3), float32.
+"""The PyTorch side of bench/vae_vs_torch.sh: the same VAE as `caviar vae train` (Kingma &
+Welling 2014 with the ReLU MLPs of Bruno 2022, section 4.3): x -> ReLU(H) -> (mu, log sigma^2) in
+R^Z, z -> ReLU(H) -> Bernoulli logits, one reparameterised sample, analytic KL, Xavier-uniform
+weights and zero biases, Adam(1e-3), float32.
 
 Prints one JSON line: seconds per epoch (training passes only) and the final test ELBO.
 Needs Debian's python3-torch (scripts/install_bench_deps.sh).

@@ -1,8 +1,8 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Issue 3 item 5: CAVI vs SVI (Robbins-Monro delta=0.9 omega=1; adaptive tau0=500) on
+"""CAVI vs SVI (Robbins-Monro delta=0.9 omega=1; adaptive tau0=500) on
 Fashion-MNIST PCA-50 (train 60000, held-out test 10000) and on an STL-shaped synthetic set
-(D=192, K=30, 90000 train / 10000 held out), in the spirit of the seed's Figure 2.4 and
-Tables 2.2-2.3.
+(D=192, K=30, 90000 train / 10000 held out), in the spirit of Bruno 2022's Figure 2.4 and
+Tables 2.2-2.3 (section 2.2.2).
 
 Three modes.
 
@@ -39,7 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KS = (10, 20, 30, 40, 50)
 BS = (64, 128, 256, 512, 1024)
 METHODS = ("cavi", "svi-rm", "svi-adaptive")
-# Caps (chosen to fit the compute budget; see fmnist_svi.md). SVI stops earlier by the seed's rule
+# Caps (chosen to fit the compute budget; see fmnist_svi.md). SVI stops earlier by Bruno 2022's rule
 # (epoch-average ELBO relative change < tol, or three decreasing epochs).
 CAVI_TOL, CAVI_MAX = 1e-5, 100
 SVI_TOL, SVI_EPOCHS = 1e-5, 8
@@ -211,7 +211,7 @@ def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, s
             else:
                 e = t = None
             if run == "panels":
-                # Figure 7: the epoch-average stochastic ELBO (seed eq. 2.52) at each epoch's
+                # Figure 7: the epoch-average stochastic ELBO (Bruno 2022, eq. 2.52) at each epoch's
                 # end, and the step size rho_t, at most ~400 steps spaced evenly in log time.
                 ts, rho = f["trace/seconds"][...], f["trace/rho"][...]
                 spe = -(-n // b)  # steps per epoch
@@ -280,7 +280,7 @@ def plan(parts, seeds, stl_seeds, tau0_seeds):
                 if b != 512:
                     for m in METHODS[1:]:
                         add("fmnist", m, 30, b, s, False, run="sweep")
-    if "panels" in parts:  # the seed's Figures 2.4b and 2.5, one initialisation as there
+    if "panels" in parts:  # Bruno 2022's Figures 2.4b and 2.5, one initialisation as there
         for m in METHODS:
             add("fmnist", m, 30, 512, 1, True, run="panels", checks=1)
     if "tau0" in parts:  # tau0 = 500 again too: the batch sweep's fits ran an older build
@@ -400,7 +400,7 @@ def mse(v):
 
 def pm(v, sep=" ± "):
     """Mean ± standard error of v for the tables; one value has no standard error, so it says
-    '(1 seed)' instead of printing nan. sep="paren" gives the seed's 'mean (s.e.)' style."""
+    '(1 seed)' instead of printing nan. sep="paren" gives Bruno 2022's 'mean (s.e.)' style."""
     mu, se = mse(v)
     if len(v) < 2:
         return "%.3f (1 seed)" % mu
@@ -408,8 +408,8 @@ def pm(v, sep=" ± "):
 
 
 def seed_style(fm):
-    """The seed-style compact held-out tables (its Tables 2.3 and 2.2): methods by K at B = 512,
-    and the SVI schedules by B at K = 30, as mean (s.e.) over the seeds."""
+    """The compact held-out tables in Bruno 2022's style (its Tables 2.3 and 2.2): methods by K at
+    B = 512, and the SVI schedules by B at K = 30, as mean (s.e.) over the seeds."""
     def cell(rs):
         return pm([r["heldout"] for r in rs], "paren") if rs else "not run"
     out = ["| | " + " | ".join("K = %d" % k for k in KS) + " |", "|---|" + "---|" * len(KS)]
@@ -484,8 +484,9 @@ def tables(runs, old):
     if st:
         out.append("\n### Table C. STL-shaped synthetic set (D = 192, K = 30, 90000 / 10000)\n")
         out.extend(method_table(st))
-    # Seed-style compact tables (held-out only), like the seed's Tables 2.2 and 2.3.
-    out.append("\n### Table D. Held-out log predictive density, seed-style (mean (s.e.))\n")
+    # Compact tables (held-out only), like Bruno 2022's Tables 2.2 and 2.3.
+    out.append("\n### Table D. Held-out log predictive density, in Bruno 2022's style "
+               "(mean (s.e.))\n")
     out.extend(seed_style(fm))
     # How far from converged the capped runs were.
     out.append("\n### Table E. Convergence at the cap\n")
@@ -733,7 +734,7 @@ def sweep_runs(runs):
 
 def sweep_tables(runs):
     """Tables M and N: the K sweep and the batch sweep run to convergence (mean ± s.e. over the
-    seeds), and the seed-style held-out table."""
+    seeds), and the held-out table in Bruno 2022's style."""
     fm = sweep_runs(runs)
     if not any(r["run"] == "sweep" for r in fm):
         return []
@@ -754,7 +755,8 @@ def sweep_tables(runs):
             rs = sel(fm, method=m, K=30, B=b)
             if rs:
                 out.append(row(rs, NAMES[m], 30, b))
-    out.append("\nHeld-out log predictive density to convergence, seed-style (mean (s.e.)):\n")
+    out.append("\nHeld-out log predictive density to convergence, in Bruno 2022's style "
+               "(mean (s.e.)):\n")
     out.extend(seed_style(fm))
     return out
 
@@ -938,8 +940,8 @@ def fix_table(runs, before):
         return []
     out = ["\n### Table O. SVI before and after the epoch-average fix (same configuration, seed "
            "and stopping rule)\n",
-           "*Before*: the epoch average of the stochastic ELBO (eq. 2.52) was the plain mean of "
-           "the epoch's steps, which gave the short last step (N mod B rows, scaled by "
+           "*Before*: the epoch average of the stochastic ELBO (Bruno 2022, eq. 2.52) was the plain "
+           "mean of the epoch's steps, which gave the short last step (N mod B rows, scaled by "
            "N/(N mod B)) a whole step's weight. *After*: each step weighs |b|/N. Only the "
            "stopping rules read this average, so a fit that ends at the same epoch ends with the "
            "same λ. Mean ± standard error over the paired seeds; Δ = after − before, per seed.\n",
@@ -1063,7 +1065,7 @@ def elbo_time_figure(plt, panels, name):
 
 
 def svi_panels_figure(plt, rs, name):
-    """Figure 7 (the seed's Figures 2.4b and 2.5): the epoch-average stochastic ELBO against time
+    """Figure 7 (Bruno 2022's Figures 2.4b and 2.5): the epoch-average stochastic ELBO against time
     (CAVI: its ELBO per iteration, which is the same thing for a batch method), and the step-size
     paths of the two schedules."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -1079,11 +1081,11 @@ def svi_panels_figure(plt, rs, name):
     lo = min(min(r.get("epoch_elbo_per_point", r.get("trace_elbo_per_point"))[2:]) for r in rs)
     hi = max(max(r.get("epoch_elbo_per_point", r.get("trace_elbo_per_point"))) for r in rs)
     axes[0].set_ylim(lo - 0.1 * (hi - lo), hi + 0.05 * (hi - lo))
-    axes[0].set_ylabel("ELBO per point (SVI: epoch average of eq. 2.52)")
+    axes[0].set_ylabel("ELBO per point (SVI: epoch-average stochastic ELBO)")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("step size rho_t")
-    for ax, title in zip(axes, ("average ELBO per epoch (seed Figure 2.4b)",
-                                "step size (seed Figure 2.5)")):
+    for ax, title in zip(axes, ("average ELBO per epoch (Bruno 2022, Figure 2.4b)",
+                                "step size (Bruno 2022, Figure 2.5)")):
         ax.set_xscale("log")
         ax.set_xlabel("fitting time, s (log)")
         ax.set_title(title, fontsize=10)
@@ -1126,7 +1128,7 @@ def plots(runs, stl_info):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fm = [r for r in runs if r["data"] == "fmnist"]
-    # 1. ELBO vs time (seed Figure 2.4), every seed, K = 30 B = 512; and the STL-shaped set.
+    # 1. ELBO vs time (Bruno 2022, Figure 2.4), every seed, K = 30 B = 512; and the STL-shaped set.
     st = [r for r in runs if r["data"] == "stl" and "trace_seconds" in r]
     panels = [("Fashion-MNIST PCA-50, K = 30, B = 512", [r for r in fm if r["K"] == 30 and
                                                           "trace_seconds" in r])]
@@ -1140,7 +1142,7 @@ def plots(runs, stl_info):
 
 
 def heldout_k_figure(plt, fm, title, name):
-    """Held-out density against K (seed Table 2.3), error bars = s.e. over seeds."""
+    """Held-out density against K (Bruno 2022, Table 2.3), error bars = s.e. over seeds."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(METHODS):
         xs, ys, es = [], [], []
@@ -1161,7 +1163,7 @@ def heldout_k_figure(plt, fm, title, name):
 
 
 def heldout_batch_figure(plt, fm, title, name):
-    """Held-out density against the batch size at K = 30 (seed Table 2.2), CAVI as a band."""
+    """Held-out density against the batch size at K = 30 (Bruno 2022, Table 2.2), CAVI as a band."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(METHODS[1:]):
         xs, ys, es = [], [], []

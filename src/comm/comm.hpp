@@ -62,7 +62,7 @@ class Comm {
   void barrier() const;
 
   // Wall seconds this process has spent inside allreduce calls (any communicator), waiting for
-  // slower ranks included: the performance reports' allreduce share (issue 4).
+  // slower ranks included: the allreduce share of the performance reports (docs/performance.md).
   static double allreduce_seconds();
 
   // Error agreement: every rank passes its own error message ("" for none). If any rank has one,

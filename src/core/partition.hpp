@@ -3,8 +3,8 @@
 // not depend on the number of ranks; each rank owns a contiguous run of whole blocks. Per-block
 // work (partial sums, random draws) is therefore the same whatever the rank count.
 //
-// What a new model must do to keep results bitwise identical over ranks and threads (issue 7 §1;
-// details in docs/reproducibility.md):
+// What a new model must do to keep results bitwise identical over ranks and threads (details in
+// docs/reproducibility.md):
 //  - do per-row work in these blocks, each block by one thread, its rows in order;
 //  - sum across blocks exactly: ExactSum (core/exact_sum.hpp) or BlockExactSum
 //    (data/block_sum.hpp), on a grid every rank derives from the same global bounds;

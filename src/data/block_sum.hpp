@@ -1,9 +1,9 @@
 #pragma once
-// Exact sums over 256-row blocks (issue 7 §1), the pattern behind every rank-invariant sum that the
-// drivers take outside the models' statistics (data bounds and moments, k-means++ potentials and
-// Lloyd sums): each global block's vector is summed in double, in row order, then added to an
-// ExactSum on a grid every rank agrees on, and the integers are summed over ranks. The result is
-// the same for any split of the blocks over ranks.
+// Exact sums over 256-row blocks (docs/reproducibility.md, "How"), the pattern behind every
+// rank-invariant sum that the drivers take outside the models' statistics (data bounds and moments,
+// k-means++ potentials and Lloyd sums): each global block's vector is summed in double, in row
+// order, then added to an ExactSum on a grid every rank agrees on, and the integers are summed over
+// ranks. The result is the same for any split of the blocks over ranks.
 #include <algorithm>
 #include <cstdint>
 #include <vector>

@@ -5,7 +5,8 @@
 // files are written with io::FileWriter (temp file, then rename), so a checkpoint on disk is
 // always either the previous complete one or the new complete one.
 //
-// What a model must do to keep the guarantees of checkpoint/resume (issue 7, section 2):
+// What a model must do to keep the guarantees of checkpoint/resume (README.md, "Checkpoint,
+// resume, preemption"):
 //  1. Save, at an iteration boundary, everything the next iteration reads: the global parameters
 //     (or the statistics they are rebuilt from by a deterministic, history-free update), the
 //     position (iteration, epoch, step inside the epoch), every piece of schedule state (step

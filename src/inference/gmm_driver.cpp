@@ -551,14 +551,15 @@ double heldout_score(const Comm& comm, const Model& model, const std::string& da
   return total.log_norm() / static_cast<double>(src.shape().rows);
 }
 
-// The SVI step-size schedules (seed eqs 2.51 and 2.54-2.58).
+// The SVI step-size schedules: Robbins-Monro (Robbins & Monro 1951; Bruno 2022, eq. 2.51) and the
+// adaptive rate (Ranganath et al. 2013; Bruno 2022, eqs 2.54-2.58).
 class StepSize {
  public:
   StepSize(const FitOptions& o, const Model& model)
       : o_(o), model_(model), tau_(o.tau0), gbar_(model.make_stats()) {}
 
   // Adaptive: initialise g_bar and h_bar from Monte Carlo estimates of the noisy natural gradient
-  // at the initial lambda (Ranganath et al. 2013, as the seed describes).
+  // at the initial lambda (Ranganath et al. 2013; Bruno 2022, section 2.2.2).
   void init_adaptive(const std::vector<Stats>& gradients) {
     gbar_.set_zero();
     hbar_ = 0;
@@ -573,9 +574,9 @@ class StepSize {
   // rho_t for step t = 1, 2, ... given the noisy natural gradient g_t = lambda_hat - lambda.
   double next(std::int64_t t, const Stats& g) {
     if (o_.schedule == Schedule::kRobbinsMonro)
-      return std::pow(static_cast<double>(t) + o_.omega, -o_.delta);  // eq. 2.51
-    // Eq. 2.56: moving averages with window tau_t; eq. 2.57: rho = g_bar^T g_bar / h_bar;
-    // eq. 2.58: tau_{t+1} = tau_t (1 - rho) + 1.
+      return std::pow(static_cast<double>(t) + o_.omega, -o_.delta);  // Bruno 2022, eq. 2.51
+    // Bruno 2022, eq. 2.56: moving averages with window tau_t; eq. 2.57:
+    // rho = g_bar^T g_bar / h_bar; eq. 2.58: tau_{t+1} = tau_t (1 - rho) + 1.
     const double w = 1.0 / tau_;
     gbar_.interpolate(g, w);
     hbar_ = (1 - w) * hbar_ + w * model_.natural_inner(g, g);
@@ -701,17 +702,17 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     }
     res.elbo = res.trace.back();
   } else {
-    // SVI (seed section 2.2; Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
+    // SVI (Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
     // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
-    // is S <- (1 - rho) S + rho (N/B) S_batch (seed eqs 2.50, 2.53).
+    // is S <- (1 - rho) S + rho (N/B) S_batch (Bruno 2022, eqs 2.50 and 2.53).
     Stats s_eff = model.make_stats(), grad = model.make_stats();
     s_eff += stats;
     Stats batch = new_stats(o, model, mom, n);
     const std::int64_t bsz = std::min<std::int64_t>(o.batch_size, n);
     const std::int64_t steps_per_epoch = (n + bsz - 1) / bsz;
     // The E-step over one minibatch under the current lambda, summed over ranks and scaled by
-    // N/|b| into `batch` (whose log_norm then gives the stochastic ELBO of eq. 2.52). Returns |b|
-    // (B, or N mod B on an epoch's last step).
+    // N/|b| into `batch` (whose log_norm then gives the stochastic ELBO of Bruno 2022, eq. 2.52).
+    // Returns |b| (B, or N mod B on an epoch's last step).
     auto minibatch = [&](const EpochPermutation& perm, std::int64_t step) {
       std::int64_t size = 0;
       const auto rows = minibatch_rows(perm, n, bsz, step, src.range(), &size);
@@ -737,7 +738,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       batch *= static_cast<double>(n) / static_cast<double>(size);
       return size;
     };
-    auto natural_gradient = [&] {  // g = lambda_hat - lambda (eq. 2.49), statistic coordinates
+    auto natural_gradient = [&] {  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49)
       for (std::size_t i = 0; i < grad.buffer().size(); ++i)
         grad.buffer()[i] = batch.buffer()[i] - s_eff.buffer()[i];
     };
@@ -769,7 +770,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
                     o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
                     elapsed());
         const std::int64_t rows = minibatch(perm, step);
-        const double elbo_t = model.elbo(batch);  // eq. 2.52 at the current lambda
+        const double elbo_t = model.elbo(batch);  // Bruno 2022, eq. 2.52, at the current lambda
         if (!std::isfinite(elbo_t))
           throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
         natural_gradient();
@@ -803,8 +804,8 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       res.iterations = epoch + 1;
       res.steps = t;
       if (progress) progress({epoch + 1, avg, rel, elapsed(), rho, t});
-      // Seed sec. 2.2 / Fig. 2.4: stop when the epoch-average ELBO changes by less than tol, or
-      // has decreased for three consecutive epochs.
+      // The stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the epoch-average
+      // ELBO changes by less than tol, or has decreased for three consecutive epochs.
       if (epoch > 0 && rel < o.tol) {
         res.converged = true;
         res.stop_reason = "tol";
@@ -821,8 +822,8 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     res.elbo = model.elbo(stats);
   }
   res.seconds = elapsed();
-  // The allreduce share of the iterations (issue 4): the rank that waits least is closest to the
-  // pure cost of communication, the one that waits most adds the load imbalance.
+  // The allreduce share of the iterations (docs/performance.md): the rank that waits least is
+  // closest to the pure cost of communication, the one that waits most adds the load imbalance.
   res.loop_seconds = res.seconds - loop_start;
   const auto waits = comm.allgather(Comm::allreduce_seconds() - allreduce_start);
   res.allreduce_seconds_min = *std::min_element(waits.begin(), waits.end());

@@ -33,8 +33,9 @@ struct FitOptions {
   std::string init;  // kmeans++ | random | FILE.h5:/resp; "" = kmeans++ (random with --stream)
   // EM: added to the diagonal of every covariance (scikit-learn's reg_covar, same default).
   double reg_covar = 1e-6;
-  // SVI (seed section 2.2): minibatch size, step-size schedule rho_t = (t + omega)^-delta or the
-  // adaptive rate with memory tau0 (seed eqs 2.54-2.58).
+  // SVI (Hoffman et al. 2013): minibatch size, step-size schedule rho_t = (t + omega)^-delta
+  // (Robbins & Monro 1951; Bruno 2022, eq. 2.51) or the adaptive rate with memory tau0
+  // (Ranganath et al. 2013; Bruno 2022, eqs 2.54-2.58).
   std::int64_t batch_size = 512;
   Schedule schedule = Schedule::kRobbinsMonro;
   double omega = 1.0, delta = 0.9, tau0 = 500;
@@ -96,7 +97,7 @@ using Progress = std::function<void(const IterationReport&)>;
 FitResult fit(const Comm& comm, const FitOptions& opt, const Progress& progress);
 
 struct ScoreResult {
-  double score = 0;  // average log predictive density per point (seed eq. 1.73)
+  double score = 0;  // average log predictive density per point (Bishop 2006, eq. 10.81)
   std::int64_t n = 0;
 };
 ScoreResult score(const Comm& comm, const std::string& model_file, const std::string& data);

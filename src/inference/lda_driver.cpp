@@ -357,7 +357,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
         break;
       }
       if (it >= o.max_iter) break;
-      model.update(stats);  // seed eq. 12
+      model.update(stats);  // lambda = eta + S (Hoffman, Blei & Bach 2010, Algorithm 1)
     }
   } else if (o.stream) {
     const std::int64_t d_total = info.n_docs;

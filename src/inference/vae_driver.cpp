@@ -660,8 +660,8 @@ std::int64_t manifold(const Comm& comm, const ImageOptions& o, int grid) {
   if (m.layout.latent() != 2)
     throw Error("vae manifold needs a model with --latent 2; '" + o.model + "' has latent " +
                 std::to_string(m.layout.latent()));
-  // Equal-probability grid through the Gaussian inverse CDF (Kingma & Welling Fig. 4; seed
-  // Fig 4.6): x to the right, y upwards.
+  // Equal-probability grid through the Gaussian inverse CDF (Kingma & Welling 2014, Figure 4;
+  // Bruno 2022, Figure 4.6): x to the right, y upwards.
   Mat<float> z(2, grid * grid), mean;
   for (int i = 0; i < grid; ++i)
     for (int j = 0; j < grid; ++j) {

@@ -1,6 +1,6 @@
 #pragma once
 // Special functions and the closed-form expectations of the exponential-family distributions used
-// by the conjugate models (Bishop PRML appendix B; seed thesis appendix A).
+// by the conjugate models (Bishop 2006, appendix B).
 #include <Eigen/Core>
 #include <cmath>
 #include <limits>
@@ -24,7 +24,7 @@ double log_dirichlet_norm(const Eigen::VectorXd& alpha);
 // ln B(W, nu) for a p-dimensional Wishart, given ln|W| (Bishop B.79).
 double log_wishart_norm(double logdet_w, double nu, int p);
 
-// E[ln |Lambda|] under Wishart(W, nu) in p dimensions (Bishop B.81 / seed eq. 1.60).
+// E[ln |Lambda|] under Wishart(W, nu) in p dimensions (Bishop 2006, eqs B.81 and 10.66).
 double expected_logdet_wishart(double logdet_w, double nu, int p);
 
 // H[Lambda] for Wishart(W, nu), given E[ln|Lambda|] (Bishop B.82).

@@ -20,7 +20,7 @@ struct MixtureSpec {
 // covariances 0.5 I + A A^T / (2D) with A standard normal.
 MixtureSpec random_mixture(int dim, int n_components, std::uint64_t seed);
 
-// The seed thesis's first simulation study (Figure 1.5): three 2-D Gaussians.
+// The first simulation study of Bruno 2022, section 1.2.3 (Figure 1.5): three 2-D Gaussians.
 MixtureSpec seed_three_clusters();
 // Its second (Figure 1.7): two 2-D Gaussians, to be fitted with K = 4.
 MixtureSpec seed_two_clusters();

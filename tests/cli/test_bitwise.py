@@ -1,6 +1,6 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Bitwise reproducibility (issue 7): the same data and seed give byte-for-byte identical outputs
-for every rank count P in {1, 2, 3, 4} and thread count T in {1, 2}.
+"""Bitwise reproducibility (docs/reproducibility.md): the same data and seed give byte-for-byte
+identical outputs for every rank count P in {1, 2, 3, 4} and thread count T in {1, 2}.
 
 Checked for `generate gmm`, a CAVI checkpoint written at 1 rank and resumed at 4 x 2, the Gaussian mixture fitted by CAVI (k-means++ start, labels and
 responsibilities), SVI (in memory and --stream, adaptive steps), EM, the stick-breaking prior with

@@ -1,6 +1,6 @@
 #!/usr/bin/env -S /usr/bin/python3
 """Preemption: a real SIGTERM at random iterations, then --resume, must give the same bytes as an
-uninterrupted run (issue 7, section 2).
+uninterrupted run (README.md, "Checkpoint, resume, preemption").
 
 Mode `trials` (default): for each algorithm (CAVI, SVI with the adaptive schedule, EM) one
 uninterrupted 2-rank run is the reference. Then TRIALS trials (cycling over the algorithms) each

@@ -1,7 +1,7 @@
 #!/usr/bin/env -S /usr/bin/python3
 """Runs the README's demo (scripts/run_demo.sh) and checks what it shows a user: the fits recover
-the generating mixture, CAVI empties the surplus components of the K = 4 fit (seed Fig. 1.7), the
-ELBO traces never decrease, the held-out score is sane, and the PNGs exist.
+the generating mixture, CAVI empties the surplus components of the K = 4 fit (Bruno 2022,
+Figure 1.7), the ELBO traces never decrease, the held-out score is sane, and the PNGs exist.
 
 usage: test_demo.py CAVIAR_BIN WORKDIR
 """
@@ -54,7 +54,7 @@ def main():
 
     with h5py.File(os.path.join(work, "two_model.h5"), "r") as m:
         w2, trace2 = np.sort(m["weights"][:]), m["trace/elbo"][:]
-    # The seed's observation: two components carry the data, two are left (nearly) empty.
+    # As in Bruno 2022, Figure 1.7: two components carry the data, two are left (nearly) empty.
     check(w2[0] < 0.01 and w2[1] < 0.01 and w2[2] > 0.3 and w2[3] > 0.3, f"study 2 weights {w2}")
     check(np.all(np.diff(trace2) >= -1e-10 * np.abs(trace2[:-1])), "study 2 ELBO decreased")
 

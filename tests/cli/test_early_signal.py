@@ -1,6 +1,6 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""A preemption signal during start-up (issue 7, section 2): main() installs the flag-only
-SIGTERM/SIGUSR1 handlers before MPI_Init, so a signal that arrives then is honoured at the first
+"""A preemption signal during start-up (README.md, "Checkpoint, resume, preemption"): main()
+installs the flag-only SIGTERM/SIGUSR1 handlers before MPI_Init, so a signal that arrives then is honoured at the first
 iteration boundary (checkpoint, exit 75) instead of killing the rank.
 
 Deterministic: the hidden test hook CAVIAR_TEST_SIGNAL_AT_START makes every rank raise SIGTERM

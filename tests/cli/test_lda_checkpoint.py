@@ -1,6 +1,6 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""Preemption of `caviar lda fit` (issue 7, section 2): a real SIGTERM at random points, then
---resume, must give the same bytes as an uninterrupted run.
+"""Preemption of `caviar lda fit` (README.md, "Checkpoint, resume, preemption"): a real SIGTERM
+at random points, then --resume, must give the same bytes as an uninterrupted run.
 
 Four configurations: CAVI in memory and --stream, SVI in memory (with a held-out corpus, so the
 perplexity trace is checked too) and --stream. For each, one uninterrupted 2-rank run is the

@@ -108,7 +108,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& param_info) { return std::string(param_info.param.name); });
 
 // ---------------------------------------------------------------------------------------------
-// SVI, EM and the stick-breaking prior (issue 3).
+// SVI, EM and the stick-breaking prior.
 
 // 2600 rows (uneven shares at 3 and 4 ranks), 3 clusters in 3-D.
 std::string svi_data(const std::string& name) {
@@ -220,9 +220,9 @@ TEST(Svi, FullBatchUnitStepIsOneCaviStep) {
   }
 }
 
-// The epoch average of the stochastic ELBO (eq. 2.52) is an average over the epoch's rows. With
-// rho ~ 1e-14 lambda stays at lambda_0, so every epoch's average must be the full ELBO of
-// lambda_0, which the final full pass also computes. B = 1200 leaves a short last step (200 of
+// The epoch average of the stochastic ELBO (Bruno 2022, eq. 2.52) is an average over the epoch's
+// rows. With rho ~ 1e-14 lambda stays at lambda_0, so every epoch's average must be the full ELBO
+// of lambda_0, which the final full pass also computes. B = 1200 leaves a short last step (200 of
 // 2600 rows, scaled by 13): a plain mean of the three steps' estimates missed by 12.8 and 47.5
 // nats in the two epochs (measured with the old formula put back).
 TEST(Svi, EpochAverageIsTheFullElboWhenLambdaIsFrozen) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_sbatch_preempt.sh - a preempted and requeued jobscripts/preemptible.sbatch job must end
-# with the same model, byte for byte, as an uninterrupted run (issue 7, section 2).
+# with the same model, byte for byte, as an uninterrupted run (README.md, "Checkpoint, resume,
+# preemption").
 #
 # Usage: test_sbatch_preempt.sh CAVIAR_BIN WORKDIR
 #

@@ -1,10 +1,10 @@
-// Numerical fuzzing of the Gaussian mixture (issue 7 section 4): 1000 small, deliberately hostile
-// problems -- duplicated points, constant columns, one point per cluster, scales from 1e-150 to
-// 1e150, D > N, K far above the number of distinct points -- through CAVI (full and diagonal,
-// Dirichlet and stick-breaking weights) and EM. On each, either the run completes with every
-// output finite and its objective never decreasing (CAVI's ELBO and EM's log-likelihood, beyond
-// 1e-9 relative), or it stops with a caviar::Error (a clear error is acceptable for a truly
-// degenerate problem). Anything else -- a NaN, an Inf, a decrease, another exception -- fails.
+// Numerical fuzzing of the Gaussian mixture: 1000 small, deliberately hostile problems --
+// duplicated points, constant columns, one point per cluster, scales from 1e-150 to 1e150, D > N,
+// K far above the number of distinct points -- through CAVI (full and diagonal, Dirichlet and
+// stick-breaking weights) and EM. On each, either the run completes with every output finite and
+// its objective never decreasing (CAVI's ELBO and EM's log-likelihood, beyond 1e-9 relative), or it
+// stops with a caviar::Error (a clear error is acceptable for a truly degenerate problem).
+// Anything else -- a NaN, an Inf, a decrease, another exception -- fails.
 #include <gtest/gtest.h>
 
 #include <cctype>

@@ -113,7 +113,8 @@ TEST(Gmm, DiagonalSingleComponentElboIsSumOfOneDimEvidences) {
 }
 
 TEST(Gmm, MStepMatchesTextbookUpdates) {
-  // Seed eqs 1.45-1.47 and 1.52-1.57 written out directly, against the natural-parameter update.
+  // Bishop 2006, eqs 10.51-10.53 and 10.58-10.63 written out directly, against the
+  // natural-parameter update.
   const int n = 400, d = 3, k = 3;
   const RowMatrix x = random_data(n, d, 3, 50.0);  // far from the origin: tests the shift
   const RowMatrix r = random_resp(n, k, 4);
@@ -145,7 +146,7 @@ TEST(Gmm, MStepMatchesTextbookUpdates) {
 }
 
 TEST(Gmm, ResponsibilitiesMatchDirectFormula) {
-  // Seed eq. 1.61 evaluated term by term with an explicit W_k, against the log-space E-step.
+  // Bishop 2006, eq. 10.67 term by term with an explicit W_k, against the log-space E-step.
   const int n = 50, d = 2, k = 3;
   const RowMatrix x = random_data(n, d, 8);
   Model model(Covariance::kFull, k, default_prior(Covariance::kFull, d, k), VectorXd::Zero(d));
@@ -232,7 +233,7 @@ TEST(Gmm, SinglePrecisionEStepMatchesDoubleToFloatRounding) {
 }
 
 TEST(Gmm, PredictiveIsNormalisedIn1D) {
-  // The Student-t mixture of seed eq. 1.73 integrates to 1: trapezoid rule on a wide grid.
+  // The Student-t mixture of Bishop 2006, eq. 10.81 integrates to 1 (trapezoid rule, wide grid).
   const RowMatrix x = random_data(200, 1, 21);
   for (auto cov : {Covariance::kFull, Covariance::kDiag}) {
     Model model(cov, 2, default_prior(cov, 1, 2), VectorXd::Zero(1));
@@ -267,7 +268,7 @@ TEST(Gmm, StatsPackingRoundTrip) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stick-breaking weights, EM, and the natural-parameter geometry of SVI (issue 3).
+// Stick-breaking weights, EM, and the natural-parameter geometry of SVI.
 
 // CAVI with the stick-breaking prior never lowers the ELBO (full and diag).
 TEST(Gmm, StickBreakingCaviNeverLowersTheElbo) {

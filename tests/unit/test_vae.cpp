@@ -98,7 +98,7 @@ TEST(VaeLayers, BernoulliLogLikelihoodClosedFormAndGradient) {
   MatD dl;
   bernoulli_loglik<double>(l, x, ll, 0.5, &dl);
   for (int j = 0; j < n; ++j) {
-    double ref = 0;  // seed eq. 4.27 with x_hat = sigmoid(l), computed the naive way
+    double ref = 0;  // Kingma & Welling 2014, appendix C.1, with y = sigmoid(l), computed naively
     for (int i = 0; i < dim; ++i) {
       const double xh = 1.0 / (1.0 + std::exp(-l(i, j)));
       ref += x(i, j) * std::log(xh) + (1 - x(i, j)) * std::log(1 - xh);
@@ -156,7 +156,7 @@ TEST(VaeLayers, KlMatchesSeedFormAndNumericalIntegral) {
   MatD dmu, dlv;
   kl_standard_normal<double>(mu, lv, kl, 1.0, &dmu, &dlv);
   for (int j = 0; j < n; ++j) {
-    // Seed eq. 4.29: KL = E_q[log q] - E_q[log p], each in closed form.
+    // KL = E_q[log q] - E_q[log p], each in closed form (Kingma & Welling 2014, appendix B).
     double eq_logq = 0, eq_logp = 0, integral = 0;
     for (int i = 0; i < z; ++i) {
       const double m = mu(i, j), s2 = std::exp(lv(i, j)), s = std::sqrt(s2);

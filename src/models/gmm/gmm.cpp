@@ -227,7 +227,7 @@ struct Accumulator {
     }
   }
 
-  // The statistics of one block (seed eqs 1.45-1.47 before normalisation): the rows of
+  // The statistics of one block (Bishop 2006, eqs 10.51-10.53, before normalisation): the rows of
   // R^T F with F = [1, x - c, packed (x - c)(x - c)^T] (diag: [1, x - c, (x - c)^2]).
   // rt holds the block's responsibilities transposed (K x n).
   void add(const RowMatrix& xcb, const RowMatrix& rt, double log_norm, Covariance cov) {
@@ -417,7 +417,8 @@ void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) 
 }
 
 void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
-  // Seed eq. 1.42 with 1.58-1.60: ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
+  // Bishop 2006, eq. 10.46 with 10.64-10.66:
+  //   ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
   //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xt here is (x - c)^T, D x n.
   // EM (Bishop 9.23): ln pi_k + ln|Lambda_k|/2 - D/2 ln 2pi - 1/2 (x_n - mu_k)^T Lambda_k (.),
   // the same form with beta_k -> infinity and nu_k W_k -> Lambda_k (see refresh_ml).
@@ -431,11 +432,11 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
     // components at once: one GEMM [P_k ... P_k+g]^T (x - c)^T, then sums of D squared lines.
     // Groups keep the product block (gD x n) within ~1 MB of cache.
     if (precision_ == Precision::kSingle) {
-      // float32 products, double sums (issue 4). Each component's rows are centred on m_k in
-      // double and rounded once to float, so the product P_k^T (x - m_k) is of small numbers and
-      // nothing cancels afterwards; forming P^T (x - c) - P^T (m - c) in float instead would
-      // subtract two large rounded values for points far from c. The squares are summed in
-      // double. Relative error of the quadratic form: about sqrt(D) x 2^-24.
+      // float32 products, double sums (--precision single, docs/performance.md). Each component's
+      // rows are centred on m_k in double and rounded once to float, so the product P_k^T (x - m_k)
+      // is of small numbers and nothing cancels afterwards; forming P^T (x - c) - P^T (m - c) in
+      // float instead would subtract two large rounded values for points far from c. The squares
+      // are summed in double. Relative error of the quadratic form: about sqrt(D) x 2^-24.
       thread_local Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> xf, yf;
       for (int k = 0; k < kk; ++k) {
         xf = (xt.colwise() - m_shifted_.row(k).transpose()).cast<float>();
@@ -500,8 +501,8 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
     a.xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
     a.xt = a.xc.transpose();
     log_rho(a.xt, a.y, a.r);
-    // Seed eq. 1.44 by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the maxima over
-    // k subtracted first and the exponentials of the whole K x n block taken at once.
+    // Bishop 2006, eq. 10.49, by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the
+    // maxima over k subtracted first and the exponentials of the whole K x n block taken at once.
     const Eigen::RowVectorXd mx = a.r.colwise().maxCoeff();
     a.r.rowwise() -= mx;
     a.r = a.r.array().exp();
@@ -671,7 +672,7 @@ void Model::refresh() {
   if (prior_.weights == WeightPrior::kDirichlet) {
     const double digamma_sum = math::digamma(post_.alpha.sum());
     for (int k = 0; k < kk; ++k)
-      e_log_pi_[k] = math::digamma(post_.alpha[k]) - digamma_sum;  // seed eq. 1.59
+      e_log_pi_[k] = math::digamma(post_.alpha[k]) - digamma_sum;  // Bishop 2006, eq. 10.65
   } else {
     // E[ln pi_k] = E[ln v_k] + sum_{j<k} E[ln(1 - v_j)] (Blei & Jordan 2006, eq. 21).
     double tail = 0;
@@ -695,7 +696,8 @@ void Model::refresh() {
       // P = L^-T: a triangular solve, so P P^T = (L L^T)^-1 = W without inverting W^-1.
       prec_chol_[k] = l.transpose().triangularView<Eigen::Upper>().solve(MatrixXd::Identity(d, d));
       logdet_w_[k] = -2.0 * l.diagonal().array().log().sum();
-      e_logdet_[k] = math::expected_logdet_wishart(logdet_w_[k], post_.nu[k], d);  // eq. 1.60
+      // Bishop 2006, eq. 10.66.
+      e_logdet_[k] = math::expected_logdet_wishart(logdet_w_[k], post_.nu[k], d);
     } else {
       const Eigen::ArrayXd wi = post_.W_inv[k].col(0).array();
       if (!(wi > 0).all())
@@ -839,7 +841,7 @@ double Model::elbo(const Stats& s) const {
 }
 
 double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks) const {
-  // Seed eq. 1.73: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
+  // Bishop 2006, eq. 10.81: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
   // L_k = (nu_k + 1 - D) beta_k / (1 + beta_k) W_k. The diagonal model factorises over
   // dimensions into 1-D Student-t densities with nu_k degrees of freedom.
   const Index n_blocks = (x.rows() + kBlockRows - 1) / kBlockRows;

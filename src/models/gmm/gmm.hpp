@@ -1,5 +1,5 @@
 #pragma once
-// Variational Bayesian Gaussian mixture (Bishop PRML section 10.2; seed thesis eqs 1.42-1.73).
+// Variational Bayesian Gaussian mixture (Bishop 2006, section 10.2, eqs 10.46-10.82).
 //
 //   pi ~ Dir(alpha0),  (mu_k, Lambda_k) ~ N(m0, (beta0 Lambda_k)^-1) W(W0, nu0),
 //   z_n ~ Cat(pi),     x_n | z_n = k ~ N(mu_k, Lambda_k^-1).
@@ -52,7 +52,7 @@ std::string to_string(WeightPrior w);
 enum class Estimator { kVariational, kMaximumLikelihood };
 
 // The arithmetic of the full-covariance E-step's distances (x - m_k)^T W_k (x - m_k): double, or
-// float32 products with double sums (--precision single; issue 4's float32 data path, see
+// float32 products with double sums (--precision single; docs/performance.md measures it, see
 // Model::log_rho). Everything else is double either way.
 enum class Precision { kDouble, kSingle };
 Precision parse_precision(const std::string& s);
@@ -67,7 +67,7 @@ struct Prior {
   Eigen::MatrixXd W0_inv;  // inverse Wishart scale: full D x D; diag D x 1 (the diagonal)
 };
 
-// Default priors of the foundation issue: alpha0 = 1/K, beta0 = 1, m0 = 0, W0 = I, nu0 = D.
+// Default priors: alpha0 = 1/K, beta0 = 1, m0 = 0, W0 = I, nu0 = D.
 Prior default_prior(Covariance cov, int dim, int n_components);
 
 // q(pi) q(mu, Lambda): Bishop (10.57)-(10.63). The Wishart scale is held as W_k^-1, the form
@@ -120,8 +120,9 @@ class ScratchSlot {
 // keep the blocks' log-normalisers apart (their bound is known only after the pass), instead of
 // summing doubles into buffer(). The driver reduces both over ranks and calls load_exact, which
 // writes buffer(). Integer sums are associative, so the result is the same bits however the
-// blocks were split over threads and ranks (issue 7). Without make_exact, blocks are summed in
-// double in thread order (--fast-reduce): the last bits then depend on the thread/rank counts.
+// blocks were split over threads and ranks (docs/reproducibility.md). Without make_exact, blocks
+// are summed in double in thread order (--fast-reduce): the last bits then depend on the
+// thread/rank counts.
 class Stats {
  public:
   Stats(int dim, int n_components, Covariance cov);
@@ -130,7 +131,8 @@ class Stats {
   void set_zero();
   Stats& operator+=(const Stats& o);
   Stats& operator*=(double a);
-  // this = (1 - rho) this + rho o: the SVI step in statistic coordinates (seed eq. 2.50).
+  // this = (1 - rho) this + rho o: the SVI step in statistic coordinates (Hoffman et al. 2013;
+  // Bruno 2022, eq. 2.50).
   void interpolate(const Stats& o, double rho);
 
   int dim() const { return dim_; }
@@ -219,21 +221,23 @@ class Model {
   // rank count, x must start at a global block boundary (as shards and stream chunks do).
   void accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) const;
 
-  // E-step over local rows: responsibilities from the current posterior (seed eq. 1.61, in log
-  // space), their statistics added into stats (blocks as in accumulate). If resp_out is given it
-  // receives r (n x K).
+  // E-step over local rows: responsibilities from the current posterior (Bishop 2006, eq. 10.67,
+  // in log space), their statistics added into stats (blocks as in accumulate). If resp_out is
+  // given it receives r (n x K).
   void local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out = nullptr) const;
 
   // M-step from summed statistics (Bishop 10.58, 10.60-10.63, in natural-parameter form), or
   // the maximum-likelihood M-step for EM (Bishop 9.24-9.26 with reg_covar added to Sigma_k).
   // The variational posterior is an affine function of the statistics, so SVI's natural-gradient
-  // step on lambda is the same step on the statistics fed to update (seed eq. 2.50, 2.53).
+  // step on lambda is the same step on the statistics fed to update (Hoffman et al. 2013; Bruno
+  // 2022, eqs 2.50 and 2.53).
   // Throws caviar::Error if a component's scale or covariance is not positive definite.
   void update(const Stats& stats);
 
   // <g, h> of two directions given as statistic differences, measured in the natural parameters
   // of q(pi) q(mu, Lambda) they induce: the inner product of the adaptive learning rate
-  // (seed eqs 2.55-2.57). log_norm and rows are not natural parameters and are ignored.
+  // (Ranganath et al. 2013; Bruno 2022, eqs 2.55-2.57). log_norm and rows are not natural
+  // parameters and are ignored.
   double natural_inner(const Stats& g, const Stats& h) const;
 
   // Replaces the posterior (e.g. read from a model file) and recomputes the cached expectations.
@@ -250,9 +254,9 @@ class Model {
   // local_step under this posterior (their log_norm is the data term): Bishop (10.70)-(10.77).
   double elbo(const Stats& stats) const;
 
-  // Sum over rows of the log posterior predictive density, a Student-t mixture (seed eq. 1.73);
-  // for EM the log-likelihood of the rows. Appends one partial sum per kBlockRows block of x to
-  // `blocks` (for an order-independent total) and returns their sum in block order.
+  // Sum over rows of the log posterior predictive density, a Student-t mixture (Bishop 2006,
+  // eq. 10.81); for EM the log-likelihood of the rows. Appends one partial sum per kBlockRows block
+  // of x to `blocks` (for an order-independent total) and returns their sum in block order.
   double log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks = nullptr) const;
 
   // Expected weights E[pi_k] (stick-breaking: renormalised over the K components, as
@@ -273,8 +277,8 @@ class Model {
   void refresh_kernel();  // prec_all_ and offset_all_ from prec_chol_ and m_shifted_
   void update_ml(const Stats& stats);
   double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
-  // ln rho_nk (seed eq. 1.42 with 1.58-1.60) of one block of centred rows, given transposed
-  // (xt = (x - c)^T, D x n), into out (K x n); y is scratch.
+  // ln rho_nk (Bishop 2006, eq. 10.46 with 10.64-10.66) of one block of centred rows, given
+  // transposed (xt = (x - c)^T, D x n), into out (K x n); y is scratch.
   void log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const;
 
   Covariance cov_;
@@ -289,8 +293,8 @@ class Model {
   //   ln rho_nk = log_rho_base_k - quad_scale_k / 2 ||(x_n - m_k)^T P_k||^2.
   Eigen::VectorXd log_rho_base_;            // per-component constant of ln rho_nk
   Eigen::VectorXd quad_scale_;              // nu_k (variational) or 1 (EM)
-  Eigen::VectorXd e_log_pi_;                // E[ln pi_k], seed eq. 1.59 (EM: ln pi_k)
-  Eigen::VectorXd e_logdet_;                // E[ln |Lambda_k|], seed eq. 1.60
+  Eigen::VectorXd e_log_pi_;                // E[ln pi_k], Bishop 2006 eq. 10.65 (EM: ln pi_k)
+  Eigen::VectorXd e_logdet_;                // E[ln |Lambda_k|], Bishop 2006 eq. 10.66
   Eigen::VectorXd logdet_w_;                // ln |W_k|
   std::vector<Eigen::MatrixXd> prec_chol_;  // full: upper P_k = L_k^-T with P_k P_k^T = W_k
                                             // (EM: = Sigma_k^-1)

@@ -303,7 +303,8 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         for (std::int64_t j = 0; j < m; ++j) dst[j] = src[off[j]];
         for (std::int64_t j = m; j < mp; ++j) dst[j] = 0;
       }
-      // E[ln theta] and exp(E[ln theta]) at gamma gv (seed eq. 10, first term).
+      // E[ln theta] and exp(E[ln theta]) at gamma gv (the theta term of the phi update; Blei, Ng &
+      // Jordan 2003, section 5.2).
       // E[ln theta] is needed only by the ELBO term (with_log); a sweep needs only
       // exp(E[ln theta]), computed without a logarithm (fast::exp_digamma).
       auto expect = [&](const double* gv, bool with_log) {
@@ -370,7 +371,8 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           acc[k] = lane_sum(a0);
         }
       };
-      // Fixed point of seed eqs 10-11 with phi eliminated: phi_wk ∝ etheta_k b_wk, so
+      // Fixed point of the phi and gamma updates (Blei, Ng & Jordan 2003, section 5.2; Hoffman,
+      // Blei & Bach 2010, Algorithm 1) with phi eliminated: phi_wk ∝ etheta_k b_wk, so
       // gamma_k = alpha + etheta_k sum_w n_w b_wk / (sum_k' etheta_k' b_wk'). Stops at a mean
       // absolute change of gamma below tol (the rule of scikit-learn) or after max_iter sweeps.
       auto iterate = [&](double* gv) {

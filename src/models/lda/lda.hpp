@@ -1,6 +1,7 @@
 #pragma once
-// Latent Dirichlet allocation by mean-field variational Bayes (Blei, Ng & Jordan 2003; seed blog
-// eqs 10-12) and its stochastic version (Hoffman, Blei & Bach 2010).
+// Latent Dirichlet allocation by mean-field variational Bayes (Blei, Ng & Jordan 2003, sections
+// 5.2 and 5.4, in the word-count form of Hoffman, Blei & Bach 2010, Algorithm 1) and its stochastic
+// version (Hoffman, Blei & Bach 2010, Algorithm 2).
 //
 //   beta_k ~ Dir(eta) (k = 1..K, over V words),  theta_d ~ Dir(alpha),
 //   z_di ~ Cat(theta_d),  w_di | z_di = k ~ Cat(beta_k).
@@ -9,7 +10,7 @@
 // The model knows nothing of MPI or files. A step is:
 //   local_step(docs)  -> Stats (expected topic-word counts, fixed point) + per-document ELBO terms
 //   [driver: Stats summed over ranks in one allreduce of int64, exact and order independent]
-//   update(stats)     -> lambda (CAVI: eq. 12; SVI: the rho_t-weighted average with D/|B| scaling)
+//   update(stats)     -> lambda (CAVI: eta + S; SVI: the rho_t-weighted average, D/|B| scaling)
 //
 // The expected counts are accumulated in int64 fixed point: integer sums are exact, so the result
 // does not depend on how documents are split over ranks or threads.
@@ -34,10 +35,11 @@ struct LocalOptions {
 
 using caviar::fixed_point_scale;  // core/fixed_point.hpp
 
-// Expected topic-word counts sum_d sum_w n_dw phi_dwk (seed eq. 12 without eta), in int64 fixed
-// point with a scale shared by every rank. Stored word-major (V x K: a word's K topics are
-// contiguous), so a document adds into one short contiguous row per word, and a subset of words
-// is a set of rows (rows(): the packed reduction of SVI).
+// Expected topic-word counts sum_d sum_w n_dw phi_dwk (the lambda update of Hoffman, Blei & Bach
+// 2010, Algorithm 1, without eta), in int64 fixed point with a scale shared by every rank. Stored
+// word-major (V x K: a word's K topics are contiguous), so a document adds into one short
+// contiguous row per word, and a subset of words is a set of rows (rows(): the packed reduction of
+// SVI).
 class Stats {
  public:
   Stats(int n_topics, std::int64_t n_words, double scale);
@@ -93,7 +95,7 @@ class Model {
                           bool warm, Stats* stats, std::span<double> doc_terms,
                           const LocalOptions& opt) const;
 
-  // CAVI (seed eq. 12): lambda = eta + S.
+  // CAVI (Hoffman, Blei & Bach 2010, Algorithm 1): lambda = eta + S.
   void update(const Stats& s);
   // SVI (Hoffman et al. 2010, eq. 9): lambda = (1 - rho) lambda + rho (eta + scale S), with
   // scale = D / |batch|. With refresh = false, exp(E[ln beta]) is left stale: the caller must

@@ -1,6 +1,7 @@
 #pragma once
-// The building blocks of the VAE (seed thesis section 4.3, eqs 4.27-4.31; Kingma & Welling 2014),
-// templated on the scalar type: training runs in float32, the finite-difference tests in double.
+// The building blocks of the VAE (Kingma & Welling 2014, eq. 10 and appendices B-C; Bruno 2022,
+// section 4.3), templated on the scalar type: training runs in float32, the finite-difference
+// tests in double.
 //
 // Activations are column-major matrices "features x rows": a row-major N x D data block is the
 // same memory, so batches are used without transposing. Weights are row-major (out x in), the
@@ -59,8 +60,9 @@ void relu_backward(const Mat<T>& a, Mat<T>& d) {
   d = (a.array() > T(0)).select(d, T(0));
 }
 
-// Bernoulli log-likelihood of x given logits l, per column (seed eq. 4.27 with x_hat = sigmoid(l)),
-// in the stable "with logits" form: x l - softplus(l), softplus(l) = max(l, 0) + log1p(e^{-|l|}).
+// Bernoulli log-likelihood of x given logits l, per column (Kingma & Welling 2014, appendix C.1,
+// with y = sigmoid(l)), in the stable "with logits" form:
+//   x l - softplus(l),  softplus(l) = max(l, 0) + log1p(e^{-|l|}).
 // Also writes dL/dl for L = -scale * sum(log p), i.e. scale * (sigmoid(l) - x), into dl if given.
 template <class T>
 void bernoulli_loglik(const Mat<T>& logits, const Mat<T>& x_rep, Eigen::VectorXd& ll, T scale,
@@ -96,7 +98,8 @@ void gaussian_loglik(const Mat<T>& out, const Mat<T>& x_rep, Eigen::VectorXd& ll
 }
 
 // KL(N(mu, diag e^lv) || N(0, I)) per column = 1/2 sum_j (mu^2 + e^lv - 1 - lv), the negative of
-// seed eq. 4.30. With gradients dKL/dmu = mu and dKL/dlv = (e^lv - 1) / 2 times scale, if asked.
+// Kingma & Welling 2014, appendix B. With gradients dKL/dmu = mu and dKL/dlv = (e^lv - 1) / 2 times
+// scale, if asked.
 template <class T, class MuExpr, class LvExpr>
 void kl_standard_normal(const MuExpr& mu, const LvExpr& lv, Eigen::VectorXd& kl, T scale,
                         Mat<T>* dmu, Mat<T>* dlv) {

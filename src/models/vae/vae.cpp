@@ -41,7 +41,8 @@ Layout::Layout(const Architecture& a) : arch(a) {
     add(encoder, {"encoder/hidden" + std::to_string(l)}, in, a.hidden[l]);
     in = a.hidden[l];
   }
-  // mu and log sigma^2 as one layer (seed eq. 4.28): rows [0, Z) and [Z, 2Z).
+  // mu and log sigma^2 as one layer (Kingma & Welling 2014, appendix C.2): rows [0, Z) and
+  // [Z, 2Z).
   add(encoder, {"encoder/mu", "encoder/logvar"}, in, 2 * a.latent);
   in = a.latent;
   for (std::size_t l = a.hidden.size(); l-- > 0;) {

@@ -1,9 +1,10 @@
 #pragma once
-// The VAE of seed thesis section 4.3 (Kingma & Welling 2014): an MLP encoder
-// x -> ReLU hidden layers -> (mu, log sigma^2) (seed eq. 4.28), S reparameterised samples, an MLP
-// decoder z -> ReLU hidden layers -> Bernoulli logits (eq. 4.27) or Gaussian mean and log-variance,
-// and the ELBO with the analytic KL (eqs. 4.29-4.31). No MPI and no HDF5 here: the driver
-// (src/inference/vae_driver.cpp) owns data, communication and files.
+// The VAE of Kingma & Welling 2014 with the ReLU MLPs of Bruno 2022, section 4.3: an MLP encoder
+// x -> ReLU hidden layers -> (mu, log sigma^2) (Kingma & Welling 2014, appendix C.2), S
+// reparameterised samples, an MLP decoder z -> ReLU hidden layers -> Bernoulli logits (appendix
+// C.1) or Gaussian mean and log-variance, and the ELBO with the analytic KL (appendix B, eq. 10).
+// No MPI and no HDF5 here: the driver (src/inference/vae_driver.cpp) owns data, communication and
+// files.
 //
 // All parameters live in one contiguous buffer, gradients in another of the same layout, so that
 // the data-parallel driver reduces one buffer per step.
@@ -101,7 +102,8 @@ void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, dou
                       float* out);
 double max_abs(const float* g, std::int64_t n);
 
-// The standard normal quantile Phi^{-1}(p), 0 < p < 1 (for the manifold grid, seed Fig 4.6).
+// The standard normal quantile Phi^{-1}(p), 0 < p < 1 (for the manifold grid, Bruno 2022,
+// Figure 4.6).
 double normal_quantile(double p);
 
 // Forward and backward passes over a block of rows, with workspaces reused between calls. One
@@ -112,8 +114,9 @@ class Network {
   explicit Network(const Layout& layout) : layout_(&layout) {}
 
   // x: D x n (one row per column); eps: Z x (n S), column i S + s is row i's sample s. Returns
-  // sum_i ELBO_i (eq. 4.31), writes per-row ELBOs to elbo_rows if given, and if grad is given
-  // writes the gradient of -sum_i ELBO_i into it (every entry, same layout as params).
+  // sum_i ELBO_i (Kingma & Welling 2014, eq. 10), writes per-row ELBOs to elbo_rows if given, and
+  // if grad is given writes the gradient of -sum_i ELBO_i into it (every entry, same layout as
+  // params).
   double run(const T* params, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
              Eigen::VectorXd* elbo_rows = nullptr);
 
@@ -184,7 +187,8 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
       for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
     xr = &x_rep_;
   }
-  // The likelihood term is averaged over the S samples (eq. 4.31), hence the 1/S scale.
+  // The likelihood term is averaged over the S samples (Kingma & Welling 2014, eq. 10), hence the
+  // 1/S scale.
   const T inv_s = T(1) / T(s);
   Mat<T>* dout = grad ? &d_ : nullptr;
   if (layout_->arch.likelihood == Likelihood::kBernoulli)
