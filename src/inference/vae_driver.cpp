@@ -441,9 +441,17 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
       int exponent = 0;
       if (exact) {
         double local_max = 0;
-        for (std::int64_t lb = 0; lb < n_local; ++lb)
-          local_max = std::max(local_max, block_max[lb]);
-        const int e = fixed_point_exponent(comm.allreduce_max(local_max), n_blocks);
+        for (std::int64_t lb = 0; lb < n_local; ++lb)  // NaN as +inf: MPI's max may drop a NaN
+          local_max = std::max(local_max, std::isnan(block_max[lb])
+                                              ? std::numeric_limits<double>::infinity()
+                                              : block_max[lb]);
+        // A non-finite gradient anywhere has no fixed-point grid (and its clamped values would
+        // overflow the integer sum); every rank sees the same maximum and stops here.
+        const double global_max = comm.allreduce_max(local_max);
+        if (!std::isfinite(global_max))
+          throw Error("training diverged at epoch " + std::to_string(epoch) + ", step " +
+                      std::to_string(st + 1) + " (non-finite gradient); try a smaller --lr");
+        const int e = fixed_point_exponent(global_max, n_blocks);
         std::fill(iacc.begin() + np, iacc.end(), 0);
         parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
           std::fill(iacc.begin() + pb, iacc.begin() + pe, 0);

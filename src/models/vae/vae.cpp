@@ -124,8 +124,9 @@ void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t*
   // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
   // every rank, and the integer additions are exact and associative. Scaled values are below
   // 2^61 unless the gradient is not finite (an infinite or NaN maximum gives exponent 0):
-  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a run
-  // has diverged, and its non-finite epoch ELBO ends it ("training diverged").
+  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a
+  // step has diverged: the trainer stops before summing it ("training diverged"), since two
+  // clamped values would overflow the sum.
   constexpr double kMax = 0x1p62;
   for (std::int64_t i = 0; i < n; ++i) {
     const double x = static_cast<double>(g[i]) * scale;
