@@ -92,53 +92,34 @@ std::string data_file() {
   return path;
 }
 
-// A real checkpoint of configuration c (written once): CAVI/EM before iteration 2; SVI (3 steps
-// an epoch) after step 4, mid-epoch.
-const std::string& checkpoint(int c) {
-  static std::string path[kConfigs];
-  if (path[c].empty()) {
-    gmm::FitOptions o = options(c, data_file());
-    o.checkpoint = caviar::fuzz::scratch("ck" + std::to_string(c) + ".h5");
-    o.checkpoint_every = o.algorithm == gmm::Algorithm::kSvi ? "4" : "2";
-    o.max_iter = 2;
-    gmm::fit(comm(), o, nullptr);
-    path[c] = o.checkpoint;
-  }
-  return path[c];
-}
-
-std::string fingerprint(int c) {
-  static std::string fp[kConfigs];
-  if (fp[c].empty()) fp[c] = caviar::fuzz::fingerprint_of_file(checkpoint(c));
-  return fp[c];
-}
-
-void write_seeds(const std::string& dir) {
-  for (int c = 0; c < kConfigs; ++c)
-    caviar::fuzz::save(
-        dir, "config" + std::to_string(c),
-        caviar::fuzz::input_of_file(checkpoint(c), {static_cast<std::uint8_t>(c)}, fingerprint(c)));
+// A real checkpoint of configuration c: CAVI/EM before iteration 2; SVI (3 steps an epoch) after
+// step 4, mid-epoch.
+caviar::fuzz::CheckpointTarget& target() {
+  static caviar::fuzz::CheckpointTarget t(
+      kConfigs,
+      [](int c, const std::string& path) {
+        gmm::FitOptions o = options(c, data_file());
+        o.checkpoint = path;
+        o.checkpoint_every = o.algorithm == gmm::Algorithm::kSvi ? "4" : "2";
+        o.max_iter = 2;
+        gmm::fit(comm(), o, nullptr);
+      },
+      [](int c, const std::string& path) {
+        gmm::FitOptions o = options(c, data_file());
+        o.resume = path;
+        gmm::fit(comm(), o, nullptr);
+      });
+  return t;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  caviar::fuzz::init({write_seeds, fingerprint});
+  caviar::fuzz::init(target().target());
   data_file();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size < 1) return 0;
-  const int c = data[0] % kConfigs;
-  const std::string ck = caviar::fuzz::scratch("resume.h5");
-  if (!caviar::fuzz::write_input(ck, data + 1, size - 1, fingerprint(c))) return 0;
-  gmm::FitOptions o = options(c, data_file());
-  o.resume = ck;
-  try {
-    gmm::fit(comm(), o, nullptr);
-  } catch (const caviar::Error& e) {
-    caviar::fuzz::refused(e);
-  }
-  return 0;
+  return target().run(data, size);
 }

@@ -86,55 +86,36 @@ lda::FitOptions options(int c) {
   return o;
 }
 
-// A real checkpoint of configuration c (written once): CAVI before iteration 2 (with gammas); SVI
-// (3 minibatches a pass) after step 4, mid-pass.
-const std::string& checkpoint(int c) {
-  static std::string path[kConfigs];
-  if (path[c].empty()) {
-    lda::FitOptions o = options(c);
-    o.checkpoint = caviar::fuzz::scratch("ck" + std::to_string(c) + ".h5");
-    o.checkpoint_every = o.algorithm == "svi" ? "4" : "2";
-    o.max_iter = 2;
-    o.passes = 2;
-    lda::fit(comm(), o, nullptr);
-    path[c] = o.checkpoint;
-  }
-  return path[c];
-}
-
-std::string fingerprint(int c) {
-  static std::string fp[kConfigs];
-  if (fp[c].empty()) fp[c] = caviar::fuzz::fingerprint_of_file(checkpoint(c));
-  return fp[c];
-}
-
-void write_seeds(const std::string& dir) {
-  for (int c = 0; c < kConfigs; ++c)
-    caviar::fuzz::save(
-        dir, "config" + std::to_string(c),
-        caviar::fuzz::input_of_file(checkpoint(c), {static_cast<std::uint8_t>(c)}, fingerprint(c)));
+// A real checkpoint of configuration c: CAVI before iteration 2 (with gammas); SVI (3 minibatches
+// a pass) after step 4, mid-pass.
+caviar::fuzz::CheckpointTarget& target() {
+  static caviar::fuzz::CheckpointTarget t(
+      kConfigs,
+      [](int c, const std::string& path) {
+        lda::FitOptions o = options(c);
+        o.checkpoint = path;
+        o.checkpoint_every = o.algorithm == "svi" ? "4" : "2";
+        o.max_iter = 2;
+        o.passes = 2;
+        lda::fit(comm(), o, nullptr);
+      },
+      [](int c, const std::string& path) {
+        lda::FitOptions o = options(c);
+        o.resume = path;
+        lda::fit(comm(), o, nullptr);
+      });
+  return t;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  caviar::fuzz::init({write_seeds, fingerprint});
+  caviar::fuzz::init(target().target());
   train_file();
   heldout_file();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size < 1) return 0;
-  const int c = data[0] % kConfigs;
-  const std::string ck = caviar::fuzz::scratch("resume.h5");
-  if (!caviar::fuzz::write_input(ck, data + 1, size - 1, fingerprint(c))) return 0;
-  lda::FitOptions o = options(c);
-  o.resume = ck;
-  try {
-    lda::fit(comm(), o, nullptr);
-  } catch (const caviar::Error& e) {
-    caviar::fuzz::refused(e);
-  }
-  return 0;
+  return target().run(data, size);
 }

@@ -59,51 +59,32 @@ vae::TrainOptions options(int c) {
   return o;
 }
 
-// A real checkpoint of configuration c (written once), after epoch 1 (2 steps).
-const std::string& checkpoint(int c) {
-  static std::string path[kConfigs];
-  if (path[c].empty()) {
-    vae::TrainOptions o = options(c);
-    o.checkpoint = caviar::fuzz::scratch("ck" + std::to_string(c) + ".h5");
-    o.epochs = 1;
-    vae::train(comm(), o, nullptr);
-    path[c] = o.checkpoint;
-  }
-  return path[c];
-}
-
-std::string fingerprint(int c) {
-  static std::string fp[kConfigs];
-  if (fp[c].empty()) fp[c] = caviar::fuzz::fingerprint_of_file(checkpoint(c));
-  return fp[c];
-}
-
-void write_seeds(const std::string& dir) {
-  for (int c = 0; c < kConfigs; ++c)
-    caviar::fuzz::save(
-        dir, "config" + std::to_string(c),
-        caviar::fuzz::input_of_file(checkpoint(c), {static_cast<std::uint8_t>(c)}, fingerprint(c)));
+// A real checkpoint of configuration c, after epoch 1 (2 steps).
+caviar::fuzz::CheckpointTarget& target() {
+  static caviar::fuzz::CheckpointTarget t(
+      kConfigs,
+      [](int c, const std::string& path) {
+        vae::TrainOptions o = options(c);
+        o.checkpoint = path;
+        o.epochs = 1;
+        vae::train(comm(), o, nullptr);
+      },
+      [](int c, const std::string& path) {
+        vae::TrainOptions o = options(c);
+        o.resume = path;
+        vae::train(comm(), o, nullptr);
+      });
+  return t;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  caviar::fuzz::init({write_seeds, fingerprint});
+  caviar::fuzz::init(target().target());
   data_file();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  if (size < 1) return 0;
-  const int c = data[0] % kConfigs;
-  const std::string ck = caviar::fuzz::scratch("resume.h5");
-  if (!caviar::fuzz::write_input(ck, data + 1, size - 1, fingerprint(c))) return 0;
-  vae::TrainOptions o = options(c);
-  o.resume = ck;
-  try {
-    vae::train(comm(), o, nullptr);
-  } catch (const caviar::Error& e) {
-    caviar::fuzz::refused(e);
-  }
-  return 0;
+  return target().run(data, size);
 }

@@ -1,6 +1,6 @@
 // The HDF5 C API is used directly here (not through io/): the fuzz inputs need files that caviar's
 // writers never produce (any type, rank, size, attribute shape or link), built through the
-// library's API so that they are well-formed.
+// library's API so that they are well-formed. Only io's link test is shared (io/h5_handle.hpp).
 #include "h5_spec.hpp"
 
 #include <hdf5.h>
@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+
+#include "io/h5_handle.hpp"
 
 namespace caviar::fuzz {
 
@@ -186,18 +188,6 @@ hid_t dataspace(const Entry& e) {
   return H5Screate_simple(static_cast<int>(d.size()), d.data(), max.data());
 }
 
-bool exists(hid_t file, const std::string& path) {
-  if (path.empty() || path == "/") return true;
-  std::size_t pos = 0;
-  while (true) {
-    pos = path.find('/', pos + 1);
-    const std::string prefix = path.substr(0, pos);
-    if (!prefix.empty() && prefix != "/" && H5Lexists(file, prefix.c_str(), H5P_DEFAULT) <= 0)
-      return false;
-    if (pos == std::string::npos) return true;
-  }
-}
-
 void write_entry(hid_t file, const Entry& e) {
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   if (!lcpl.ok() || H5Pset_create_intermediate_group(lcpl.id, 1) < 0) return;
@@ -216,7 +206,7 @@ void write_entry(hid_t file, const Entry& e) {
   if (e.kind == Entry::kAttribute) {
     if (e.huge) return;  // attributes live in the object header: no huge ones
     const std::string obj = e.object.empty() ? "/" : e.object;
-    if (!exists(file, obj))
+    if (!caviar::io::detail::link_exists(file, obj))
       Id g(H5Gcreate2(file, obj.c_str(), lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
     Id o(H5Oopen(file, obj.c_str(), H5P_DEFAULT), H5Oclose);
     if (!o.ok()) return;

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <utility>
+
+#include "core/error.hpp"
 
 namespace caviar::fuzz {
 
@@ -132,6 +135,53 @@ bool write_input(const std::string& path, const std::uint8_t* data, std::size_t 
   // To look at what an input decodes to (h5dump): CAVIAR_FUZZ_DECODE_TO=FILE.h5.
   if (const char* to = std::getenv("CAVIAR_FUZZ_DECODE_TO")) write_file(to, entries);
   return write_file(path, entries);
+}
+
+CheckpointTarget::CheckpointTarget(int configs, Run write_checkpoint, Run resume)
+    : configs_(configs),
+      write_checkpoint_(std::move(write_checkpoint)),
+      resume_(std::move(resume)),
+      checkpoint_(static_cast<std::size_t>(configs)),
+      fingerprint_(static_cast<std::size_t>(configs)) {}
+
+const std::string& CheckpointTarget::checkpoint(int c) {
+  std::string& path = checkpoint_[static_cast<std::size_t>(c)];
+  if (path.empty()) {
+    const std::string p = scratch("ck" + std::to_string(c) + ".h5");
+    write_checkpoint_(c, p);
+    path = p;
+  }
+  return path;
+}
+
+const std::string& CheckpointTarget::fingerprint(int c) {
+  std::string& fp = fingerprint_[static_cast<std::size_t>(c)];
+  if (fp.empty()) fp = fingerprint_of_file(checkpoint(c));
+  return fp;
+}
+
+Target CheckpointTarget::target() {
+  Target t;
+  t.write_seeds = [this](const std::string& dir) {
+    for (int c = 0; c < configs_; ++c)
+      save(dir, "config" + std::to_string(c),
+           input_of_file(checkpoint(c), {static_cast<std::uint8_t>(c)}, fingerprint(c)));
+  };
+  t.fingerprint = [this](int c) { return fingerprint(c); };
+  return t;
+}
+
+int CheckpointTarget::run(const std::uint8_t* data, std::size_t size) {
+  if (size < 1) return 0;
+  const int c = data[0] % configs_;
+  const std::string ck = scratch("resume.h5");
+  if (!write_input(ck, data + 1, size - 1, fingerprint(c))) return 0;
+  try {
+    resume_(c, ck);
+  } catch (const caviar::Error& e) {
+    refused(e);
+  }
+  return 0;
 }
 
 }  // namespace caviar::fuzz

@@ -64,4 +64,28 @@ void refused(const std::exception& e);
 bool write_input(const std::string& path, const std::uint8_t* data, std::size_t size,
                  const std::string& fingerprint = "");
 
+// The shape every checkpoint target shares. Input: one configuration byte (configuration
+// data[0] % configs), then the encoding of a checkpoint, which the target resumes from.
+// write_checkpoint(c, path) writes configuration c's real checkpoint (once, on first use): the
+// seeds are those files, and their "fingerprint" attribute is the configuration's current one.
+// resume(c, path) runs the fit of configuration c resuming from `path`; a caviar::Error it throws
+// is a refusal, the expected outcome of a bad input.
+class CheckpointTarget {
+ public:
+  using Run = std::function<void(int config, const std::string& path)>;
+  CheckpointTarget(int configs, Run write_checkpoint, Run resume);
+
+  Target target();  // for init()
+  // The body of LLVMFuzzerTestOneInput.
+  int run(const std::uint8_t* data, std::size_t size);
+
+ private:
+  const std::string& checkpoint(int c);
+  const std::string& fingerprint(int c);
+
+  int configs_;
+  Run write_checkpoint_, resume_;
+  std::vector<std::string> checkpoint_, fingerprint_;
+};
+
 }  // namespace caviar::fuzz
