@@ -2,6 +2,8 @@
 // The engine's StateWriter/StateReader implementations over caviar's HDF5 layer.
 #include <algorithm>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "engine/state.hpp"
 #include "io/h5.hpp"
@@ -14,13 +16,19 @@ inline std::string attr_key(std::string prefix, const std::string& name) {
   return prefix + name;
 }
 
-// Serial, one rank: datasets and attributes of an io::FileWriter, under `prefix` ("" or "model/").
-class FileStateWriter final : public StateWriter {
+// Writes a model's state into an HDF5 file under `prefix` ("" or "model/"). W is io::FileWriter
+// (serial, one rank) or io::ParallelRowWriter (collective: every rank calls with the same state, as
+// a conjugate model's global state is replicated after the reduction, and rank 0's copy is
+// written). Attributes are stored as "prefix.name" attributes of the file's root (attr_key).
+template <class W>
+class PrefixedStateWriter final : public StateWriter {
  public:
-  explicit FileStateWriter(io::FileWriter& w, std::string prefix = "")
-      : w_(w), prefix_(std::move(prefix)) {}
+  explicit PrefixedStateWriter(W& w, std::string prefix = "") : w_(w), prefix_(std::move(prefix)) {}
   void array(const std::string& name, std::span<const double> data, const Dims& dims) override {
-    w_.write(prefix_ + name, data, dims);
+    if constexpr (std::is_same_v<W, io::ParallelRowWriter>)
+      w_.write_global(prefix_ + name, data, dims);
+    else
+      w_.write(prefix_ + name, data, dims);
   }
   void attr(const std::string& name, double v) override { w_.attr(attr_key(prefix_, name), v); }
   void attr(const std::string& name, std::int64_t v) override {
@@ -31,32 +39,11 @@ class FileStateWriter final : public StateWriter {
   }
 
  private:
-  io::FileWriter& w_;
+  W& w_;
   std::string prefix_;
 };
-
-// Collective: every rank calls with the same state (a conjugate model's global state is replicated
-// after the reduction); rank 0's copy is written. Attributes are stored as "prefix.name" attributes
-// of the file (attr_key).
-class ParallelStateWriter final : public StateWriter {
- public:
-  explicit ParallelStateWriter(io::ParallelRowWriter& w, std::string prefix)
-      : w_(w), prefix_(std::move(prefix)) {}
-  void array(const std::string& name, std::span<const double> data, const Dims& dims) override {
-    w_.write_global(prefix_ + name, data, dims);
-  }
-  void attr(const std::string& name, double v) override { w_.attr(attr_key(prefix_, name), v); }
-  void attr(const std::string& name, std::int64_t v) override {
-    w_.attr(attr_key(prefix_, name), v);
-  }
-  void attr(const std::string& name, const std::string& v) override {
-    w_.attr(attr_key(prefix_, name), v);
-  }
-
- private:
-  io::ParallelRowWriter& w_;
-  std::string prefix_;
-};
+using FileStateWriter = PrefixedStateWriter<io::FileWriter>;
+using ParallelStateWriter = PrefixedStateWriter<io::ParallelRowWriter>;
 
 // Any rank: reads what either writer wrote (same prefix).
 class FileStateReader final : public StateReader {
