@@ -111,6 +111,8 @@ def problems(files, n):
                     "--passes", "2", "--batch-size", str(max(1, n // 2)), "--seed", "3"],
         "lda-cavi-stream": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "cavi",
                             "--max-iter", "5", "--seed", "3", "--stream"],
+        "plsa": ["plsa", "fit", "--data", corpus, "--topics", "3", "--max-iter", "5", "--seed",
+                 "3", "--smooth", "0.5", "--heldout", corpus],
         "vae": ["vae", "train", "--data", dense + ":/B", "--hidden", "8", "--latent", "2",
                 "--batch-size", str(max(1, n // 2)), "--micro-blocks", str(min(4, max(1, n // 2))),
                 "--epochs", "2", "--seed", "5"],
@@ -123,6 +125,9 @@ def outputs_of(name, path, tag):
     if name.startswith("gmm") and "stream" not in name:  # --stream writes no labels
         files = [path(f"{tag}.h5"), path(f"{tag}_labels.h5")]
         return ["--out", files[0], "--labels", files[1], "--save-responsibilities"], files
+    if name.startswith("plsa"):
+        files = [path(f"{tag}.h5"), path(f"{tag}_doc_topics.h5")]
+        return ["--out", files[0], "--doc-topics", files[1]], files
     files = [path(f"{tag}.h5")]
     return ["--out", files[0]], files
 
