@@ -107,8 +107,9 @@ Data read_data(const Comm& comm, const std::string& file, Emission emission) {
     for (Eigen::Index t = 0; t < x.rows(); ++t) {
       const double v = x(t, 0);
       if (!(v >= 0 && v < 2147483647.0 && v == std::floor(v))) {
-        error = xref.str() + " holds " + std::to_string(v) + " at step " +
-                std::to_string(d.steps.begin + t) +
+        char shown[32];
+        std::snprintf(shown, sizeof shown, "%.17g", v);
+        error = xref.str() + " holds " + shown + " at step " + std::to_string(d.steps.begin + t) +
                 ": symbols must be integers in [0, V) (negative, fractional or NaN values are "
                 "not symbols)";
         break;
