@@ -21,7 +21,7 @@ constexpr std::uint64_t kTagTrans = 2ull << 56, kTagEmit = 3ull << 56, kTagMean 
 using Mat = Eigen::MatrixXd;
 
 // KL(Dir(a) || Dir(a0 1)) = ln C(a) - ln C(a0 1) + sum_i (a_i - a0)(psi(a_i) - psi(sum a))
-// (Bishop 2006, B.23; Beal 2003, eq. 3.52).
+// (Bishop 2006, B.23).
 double kl_dirichlet(const Eigen::VectorXd& a, double a0) {
   const double psi_sum = math::digamma(a.sum());
   double s = math::log_dirichlet_norm(a) -
@@ -197,7 +197,7 @@ void Model::init_random(std::uint64_t seed) {
 
 void Model::refresh() {
   const bool vb = cfg_.algorithm == Algorithm::kCavi;
-  // VB: exp E[ln pi_k] = exp(psi(alpha_k) - psi(sum alpha)) (Beal 2003, eq. 3.69), and likewise
+  // VB: exp E[ln pi_k] = exp(psi(alpha_k) - psi(sum alpha)) (Beal 2003, ch. 3), and likewise
   // for each row of A and of B: sub-normalised.
   auto expected_log = [](const double* a, std::int64_t n, double* out) {
     double s = 0;
@@ -332,7 +332,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     for (int k = 0; k < K; ++k) b[k] = std::exp(b[k] - m);
     ll += m;
   }
-  // Forward, scaled (Rabiner 1989, eqs 91-92; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
+  // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
   for (std::int64_t t = 0; t < T; ++t) {
     double* a = &w.alpha(t, 0);
@@ -446,7 +446,7 @@ void Model::local_step(Stats& stats, std::span<double> terms) {
 void Model::update(const Stats& st) {
   const bool vb = cfg_.algorithm == Algorithm::kCavi;
   // Start and transitions: EM normalises the expected counts (Bishop 2006, eqs 13.18-13.19); VB
-  // adds them to the Dirichlet prior (Beal 2003, eqs 3.54-3.55). A row no count reached keeps its
+  // adds them to the Dirichlet prior (Beal 2003, ch. 3). A row no count reached keeps its
   // EM estimate.
   double total = 0;
   for (int k = 0; k < k_; ++k) total += st.value(kStart, k);
@@ -762,7 +762,7 @@ void Model::viterbi(const Sequences& s, std::span<std::int64_t> out) const {
       w.reserve(T, k_);
       log_emissions(s, q, w);
       back.assign(static_cast<std::size_t>(T * k_), 0);
-      // delta_t(j) = max_i [delta_{t-1}(i) + ln A_ij] + ln b_j(x_t) (Rabiner 1989, eqs 105a-b,
+      // delta_t(j) = max_i [delta_{t-1}(i) + ln A_ij] + ln b_j(x_t) (Rabiner 1989, section III.B,
       // in logarithms); ties go to the lowest state.
       for (int k = 0; k < k_; ++k) prev[static_cast<std::size_t>(k)] = log_pi[k] + w.b(0, k);
       for (std::int64_t t = 1; t < T; ++t) {

@@ -25,7 +25,7 @@
 // exp E[ln p(x | theta)], whose forward sum Z gives the exact ELBO
 //   L = sum_seq ln Z_seq - KL(q(pi) || p(pi)) - sum_j KL(q(A_j) || p(A_j)) - sum_k KL(q(theta_k) ||
 //   p(theta_k))
-// (Beal 2003, eq. 3.47 onward). Diagonal Gaussian VB uses a Normal-Wishart per dimension (a
+// (MacKay 1997; Beal 2003, ch. 3). Diagonal Gaussian VB uses a Normal-Wishart per dimension (a
 // Normal-Gamma), sharing beta and nu over the dimensions of a state.
 //
 // The model knows nothing of MPI or files (engine/batch.hpp runs it).
