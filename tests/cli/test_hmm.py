@@ -10,13 +10,15 @@
 - bitwise identical model files and posteriors at 1x2, 2x1 and 3x1 ranks x threads;
 - parameter recovery on generated data (transition matrix within 0.02);
 - a 10^5-step sequence stays finite;
-- checkpoint/resume: a resumed fit equals the uninterrupted one bit for bit.
+- checkpoint/resume: a resumed fit (from a count-triggered checkpoint, and after a real SIGTERM,
+  exit 75) equals the uninterrupted one bit for bit, at another rank count.
 
 usage: test_hmm.py CAVIAR_BIN WORKDIR
 """
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -448,10 +450,29 @@ with h5py.File(path("ck.h5"), "r") as h:
 fit(path("gau.h5"), base + ["--resume", path("ck.h5")], path("ck_res.h5"), 3)
 diff = h5_differences(path("ck_ref.h5"), path("ck_res.h5"))
 check(not diff, f"resumed at 3 ranks from a 2-rank checkpoint: bitwise the uninterrupted fit {diff[:4]}")
+# A real SIGTERM during the fit: exit 75 after writing the checkpoint; the resume completes it.
+long = ["hmm", "fit", "--data", path("rec.h5"), "--states", "3", "--algorithm", "cavi",
+        "--emission", "gaussian", "--max-iter", "60", "--tol", "0"]
+proc = subprocess.Popen([caviar] + long + ["--checkpoint", path("sig.h5"), "--out", path("sig_m.h5")],
+                        stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+seen = 0
+while seen < 5:  # some iterations in
+    line = proc.stderr.readline()
+    seen += line.startswith("iter")
+proc.send_signal(signal.SIGTERM)
+err = proc.stderr.read()
+rc = proc.wait(timeout=120)
+check(rc == 75 and os.path.exists(path("sig.h5")) and not os.path.exists(path("sig_m.h5")),
+      f"SIGTERM: exit {rc}, checkpoint written, no model file ({err.strip()[-100:]})")
+run(["-q"] + long + ["--resume", path("sig.h5"), "--out", path("sig_m.h5")], 2, 2)
+run(["-q"] + long + ["--out", path("sig_full.h5")])
+diff = h5_differences(path("sig_full.h5"), path("sig_m.h5"))
+check(not diff, f"stopped by SIGTERM, resumed at 2x2: bitwise the uninterrupted fit {diff[:4]}")
 r = run(["-q", "hmm", "fit", "--data", path("gau.h5"), "--out", path("ck_bad.h5"), "--resume",
          path("ck.h5")] + base[:4] + ["--algorithm", "em", "--max-iter", "12"], ok=False)
-check(r.returncode == 1 and "--algorithm" in r.stderr, f"resume with another --algorithm refused: "
-      f"{r.stderr.strip()[-120:]}")
+err = [l for l in r.stderr.splitlines() if l.startswith("caviar: error:")]
+check(r.returncode == 1 and len(err) == 1 and "--algorithm" in err[0],
+      f"resume with another --algorithm refused: {err}")
 
 print("FAILED" if failures else "PASSED", f"({failures} failure(s))")
 sys.exit(1 if failures else 0)
