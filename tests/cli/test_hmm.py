@@ -441,15 +441,19 @@ sc = summary(run(["hmm", "score", "--model", path("long_m.h5"), "--data", path("
 check(np.isfinite(sc["log_likelihood"]), "score of a 10^5-step sequence is finite")
 
 # --- checkpoint / resume -------------------------------------------------------------------------
-base = ["--states", "3", "--emission", "gaussian", "--algorithm", "cavi", "--max-iter", "12"]
-fit(path("gau.h5"), base, path("ck_ref.h5"), 2)
-fit(path("gau.h5"), base + ["--checkpoint", path("ck.h5"), "--checkpoint-every", "5"],
-    path("ck_first.h5"), 2)
-with h5py.File(path("ck.h5"), "r") as h:
-    check(int(h.attrs["iteration"]) == 10, "checkpoint every 5: iteration 10")
-fit(path("gau.h5"), base + ["--resume", path("ck.h5")], path("ck_res.h5"), 3)
-diff = h5_differences(path("ck_ref.h5"), path("ck_res.h5"))
-check(not diff, f"resumed at 3 ranks from a 2-rank checkpoint: bitwise the uninterrupted fit {diff[:4]}")
+for data, extra in [("cat.h5", ["--algorithm", "em"]),
+                    ("gau.h5", ["--emission", "gaussian", "--algorithm", "em"]),
+                    ("gau.h5", ["--emission", "gaussian", "--algorithm", "cavi"])]:
+    base = ["--states", "3", "--max-iter", "12"] + extra
+    fit(path(data), base, path("ck_ref.h5"), 2)
+    fit(path(data), base + ["--checkpoint", path("ck.h5"), "--checkpoint-every", "5"],
+        path("ck_first.h5"), 2)
+    with h5py.File(path("ck.h5"), "r") as h:
+        check(int(h.attrs["iteration"]) == 10, "checkpoint every 5: iteration 10")
+    fit(path(data), base + ["--resume", path("ck.h5")], path("ck_res.h5"), 3)
+    diff = h5_differences(path("ck_ref.h5"), path("ck_res.h5"))
+    check(not diff, f"{data} {' '.join(extra)}: resumed at 3 ranks from a 2-rank checkpoint: "
+                    f"bitwise the uninterrupted fit {diff[:4]}")
 # A real SIGTERM during the fit: exit 75 after writing the checkpoint; the resume completes it.
 long = ["hmm", "fit", "--data", path("rec.h5"), "--states", "3", "--algorithm", "cavi",
         "--emission", "gaussian", "--max-iter", "60", "--tol", "0"]
@@ -468,8 +472,10 @@ run(["-q"] + long + ["--resume", path("sig.h5"), "--out", path("sig_m.h5")], 2, 
 run(["-q"] + long + ["--out", path("sig_full.h5")])
 diff = h5_differences(path("sig_full.h5"), path("sig_m.h5"))
 check(not diff, f"stopped by SIGTERM, resumed at 2x2: bitwise the uninterrupted fit {diff[:4]}")
+# ck.h5 is the Gaussian CAVI fit's checkpoint: the same fit with EM must be refused.
 r = run(["-q", "hmm", "fit", "--data", path("gau.h5"), "--out", path("ck_bad.h5"), "--resume",
-         path("ck.h5")] + base[:4] + ["--algorithm", "em", "--max-iter", "12"], ok=False)
+         path("ck.h5"), "--states", "3", "--max-iter", "12", "--emission", "gaussian",
+         "--algorithm", "em"], ok=False)
 err = [l for l in r.stderr.splitlines() if l.startswith("caviar: error:")]
 check(r.returncode == 1 and len(err) == 1 and "--algorithm" in err[0],
       f"resume with another --algorithm refused: {err}")

@@ -337,6 +337,10 @@ void score(const engine::Context& ctx, const std::string& model_file, const std:
   j["log_likelihood"] = total;
   j["steps"] = d.summary.steps;
   j["sequences"] = d.summary.sequences;
+  if (!std::isfinite(total))
+    print_progress(ctx,
+                   "caviar: warning: a sequence has probability 0 under the model (a symbol no "
+                   "state emits, or a transition it forbids): the log-likelihood is not finite");
   print_progress(ctx, "log-likelihood per step " + std::to_string(per_step));
   print_summary(ctx, j);
 }
