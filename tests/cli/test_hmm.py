@@ -1,5 +1,5 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""caviar hmm fit | score | decode and caviar generate hmm, end to end.
+"""caviar hmm fit | score | decode | sample and caviar generate hmm, end to end.
 
 - forward-backward (hmm score) and Viterbi (hmm decode) against brute-force enumeration of every
   state path on tiny chains (T <= 6, K <= 3), categorical and Gaussian (full, diag);
@@ -10,6 +10,7 @@
 - bitwise identical model files and posteriors at 1x2, 2x1 and 3x1 ranks x threads;
 - parameter recovery on generated data (transition matrix within 0.02);
 - a 10^5-step sequence stays finite;
+- hmm sample: empirical transitions and emissions of 10^5 sampled steps match the model;
 - checkpoint/resume: a resumed fit (from a count-triggered checkpoint, and after a real SIGTERM,
   exit 75) equals the uninterrupted one bit for bit, at another rank count.
 
@@ -439,6 +440,45 @@ for alg in ("em", "cavi"):
           f"{alg}: a 10^5-step sequence stays finite (objective {m['trace'][-1]:.6g})")
 sc = summary(run(["hmm", "score", "--model", path("long_m.h5"), "--data", path("long.h5")]))
 check(np.isfinite(sc["log_likelihood"]), "score of a 10^5-step sequence is finite")
+
+# --- hmm sample ----------------------------------------------------------------------------------
+# Draws from a known model: the empirical transitions, emissions and Gaussian moments of 10^5 steps
+# match the parameters, and the result does not depend on the rank count.
+pi_s, A_s = np.array([0.3, 0.7]), np.array([[0.8, 0.2], [0.35, 0.65]])
+with h5py.File(path("smp_cat.h5"), "w") as h:
+    h.attrs.update({"model": "hmm", "emission": "categorical", "n_states": 2, "n_symbols": 3})
+    h["startprob"], h["transmat"] = pi_s, A_s
+    h["emissionprob"] = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]])
+mu_s = np.array([[-1.0, 2.0], [1.5, 0.0]])
+cov_s = np.array([[[1.0, 0.4], [0.4, 0.5]], [[0.3, -0.1], [-0.1, 2.0]]])
+with h5py.File(path("smp_gau.h5"), "w") as h:
+    h.attrs.update({"model": "hmm", "emission": "gaussian", "n_states": 2, "n_features": 2,
+                    "covariance": "full"})
+    h["startprob"], h["transmat"], h["means"], h["covariances"] = pi_s, A_s, mu_s, cov_s
+for kind in ("cat", "gau"):
+    for ranks in (1, 2):
+        run(["-q", "hmm", "sample", "--model", path(f"smp_{kind}.h5"), "--sequences", "400",
+             "--length", "250", "--seed", "3", "--out", path(f"smp_{kind}_out{ranks}.h5")], ranks)
+    diff = h5_differences(path(f"smp_{kind}_out1.h5"), path(f"smp_{kind}_out2.h5"))
+    with h5py.File(path(f"smp_{kind}_out1.h5"), "r") as h:
+        x, z, off = h["X"][()], h["states"][()], h["offsets"][()]
+    first = z[off[:-1]]
+    inner = np.ones(len(z), bool)
+    inner[off[:-1]] = False  # steps with a predecessor in their sequence
+    prev, cur = z[np.nonzero(inner)[0] - 1], z[inner]
+    trans = np.array([[np.mean(cur[prev == i] == j) for j in range(2)] for i in range(2)])
+    ok = (not diff and np.abs(trans - A_s).max() < 0.02 and abs(np.mean(first == 0) - 0.3) < 0.1
+          and len(z) == 100000 and off[-1] == 100000)
+    if kind == "cat":
+        emit = np.array([[np.mean(x[z == k] == v) for v in range(3)] for k in range(2)])
+        ok = ok and np.abs(emit - [[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]]).max() < 0.02
+    else:
+        ok = ok and all(np.abs(x[z == k].mean(0) - mu_s[k]).max() < 0.05 and
+                        np.abs(np.cov(x[z == k].T) - cov_s[k]).max() < 0.1 for k in range(2))
+    check(ok, f"hmm sample ({kind}): transitions (max error {np.abs(trans - A_s).max():.4f}), "
+              f"emissions match the model; same bits at 1 and 2 ranks {diff[:3]}")
+sc = summary(run(["hmm", "score", "--model", path("smp_gau.h5"), "--data", path("smp_gau_out1.h5")]))
+check(np.isfinite(sc["score"]), "a sampled file is hmm data (hmm score reads it)")
 
 # --- checkpoint / resume -------------------------------------------------------------------------
 for data, extra in [("cat.h5", ["--algorithm", "em"]),

@@ -1,7 +1,7 @@
-// caviar hmm fit | score | decode and caviar generate hmm: the HMM (hmm.hpp) on the engine's batch
-// driver, over sequences stored as one HDF5 file: /X (every time step, sequence after sequence:
-// T_total symbols, or T_total x D rows) and /offsets (n_sequences + 1 increasing int64, from 0 to
-// T_total).
+// caviar hmm fit | score | decode | sample and caviar generate hmm: the HMM (hmm.hpp) on the
+// engine's batch driver, over sequences stored as one HDF5 file: /X (every time step, sequence
+// after sequence: T_total symbols, or T_total x D rows) and /offsets (n_sequences + 1 increasing
+// int64, from 0 to T_total).
 #include "models/hmm/commands.hpp"
 
 #include <algorithm>
@@ -267,10 +267,9 @@ struct Loaded {
   std::optional<Data> data;
 };
 
-Loaded load(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
-  const Comm& comm = *ctx.comm;
-  Loaded l;
-  Config cfg;
+// The point parameters of a model file written by hmm fit (collective: agreed errors).
+std::optional<Model> load_model(const Comm& comm, const std::string& model_file, Config& cfg) {
+  std::optional<Model> model;
   comm.agree([&] {
     const io::FileReader r(model_file);
     std::string kind;
@@ -302,12 +301,20 @@ Loaded load(const engine::Context& ctx, const std::string& model_file, const std
     }
     cfg.algorithm = Algorithm::kEm;  // the point estimates
     try {
-      l.model.emplace(cfg, nullptr, DataSummary{});
-      l.model->load_point(engine::FileStateReader(r, model_file));
+      model.emplace(cfg, nullptr, DataSummary{});
+      model->load_point(engine::FileStateReader(r, model_file));
     } catch (const Error& e) {
       throw Error("'" + model_file + "': " + e.what());
     }
   });
+  return model;
+}
+
+Loaded load(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
+  const Comm& comm = *ctx.comm;
+  Loaded l;
+  Config cfg;
+  l.model = load_model(comm, model_file, cfg);
   // The data must hold the model's kind of emissions.
   const io::MatrixShape shape = io::inspect_matrix(comm, io::DataRef{data, "/X"}, true);
   const bool cat = cfg.emission == Emission::kCategorical;
@@ -360,6 +367,45 @@ void decode(const engine::Context& ctx, const std::string& model_file, const std
   nlohmann::ordered_json j;
   j["steps"] = d.summary.steps;
   j["sequences"] = d.summary.sequences;
+  print_summary(ctx, j);
+}
+
+struct SampleOptions {
+  std::string model, out;
+  std::int64_t sequences = 0, length = 0;
+  std::uint64_t seed = 0;
+};
+
+void sample(const engine::Context& ctx, const SampleOptions& o) {
+  const Comm& comm = *ctx.comm;
+  if (o.sequences < 1 || o.length < 1) throw Error("--sequences and --length must be >= 1");
+  io::check_output_path(comm, o.out, {o.model});
+  Config cfg;
+  const std::optional<Model> m = load_model(comm, o.model, cfg);
+  // Small outputs: rank 0 draws and writes them (the draws are keyed by step, not by rank).
+  comm.on_root([&] {
+    std::vector<std::int64_t> states, symbols;
+    RowMatrix x;
+    m->sample(o.seed, o.sequences, o.length, states, symbols, x);
+    std::vector<std::int64_t> off;
+    for (std::int64_t s = 0; s <= o.sequences; ++s) off.push_back(s * o.length);
+    const auto t = static_cast<std::uint64_t>(states.size());
+    io::FileWriter w(o.out);
+    if (cfg.emission == Emission::kCategorical)
+      w.write("X", std::span<const std::int64_t>(symbols), {t});
+    else
+      w.write("X", std::span<const double>(x.data(), static_cast<std::size_t>(x.size())),
+              {t, static_cast<std::uint64_t>(cfg.dim)});
+    w.write("offsets", std::span<const std::int64_t>(off), {off.size()});
+    w.write("states", std::span<const std::int64_t>(states), {t});
+    w.attr("emission", std::string(name(cfg.emission)));
+    w.attr("seed", static_cast<std::int64_t>(o.seed));
+    w.commit();
+  });
+  print_progress(ctx, "wrote " + o.out);
+  nlohmann::ordered_json j;
+  j["sequences"] = o.sequences;
+  j["steps"] = o.sequences * o.length;
   print_summary(ctx, j);
 }
 
@@ -557,6 +603,15 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   dc->callback([&ctx, model, data, out] {
     ctx.action = [&ctx, model, data, out] { decode(ctx, *model, *data, *out); };
   });
+
+  auto so = std::make_shared<SampleOptions>();
+  auto* sm = hmm->add_subcommand("sample", "Sample sequences (and their states) from a fitted HMM");
+  sm->add_option("--model", so->model, "Model file written by hmm fit")->required();
+  sm->add_option("--sequences", so->sequences, "Number of sequences")->required();
+  sm->add_option("--length", so->length, "Steps per sequence")->required();
+  sm->add_option("--seed", so->seed, "Random seed")->capture_default_str();
+  sm->add_option("--out", so->out, "Output FILE.h5 (/X, /offsets, /states)")->required();
+  sm->callback([&ctx, so] { ctx.action = [&ctx, so] { sample(ctx, *so); }; });
 
   // caviar generate hmm: under the existing `generate` command.
   auto g = std::make_shared<GenerateOptions>();

@@ -1,5 +1,5 @@
 #pragma once
-// caviar hmm fit | score | decode, and caviar generate hmm.
+// caviar hmm fit | score | decode | sample, and caviar generate hmm.
 #include <CLI/CLI.hpp>
 
 #include "engine/command.hpp"

@@ -792,4 +792,57 @@ void Model::viterbi(const Sequences& s, std::span<std::int64_t> out) const {
   });
 }
 
+void Model::sample(std::uint64_t seed, std::int64_t n, std::int64_t length,
+                   std::vector<std::int64_t>& states, std::vector<std::int64_t>& symbols,
+                   RowMatrix& x) const {
+  const CounterRng rng(seed, Stream::kHmmSample);
+  Eigen::VectorXd pi;
+  RowMatrix a, b, means;
+  std::vector<RowMatrix> cov;
+  point_params(pi, a, b, means, cov);
+  std::vector<Mat> chol;  // Sigma_k = L L'
+  for (const RowMatrix& c : cov) {
+    const Eigen::LLT<Mat> llt{Mat(c)};
+    if (llt.info() != Eigen::Success) throw Error("a covariance is not positive definite");
+    chol.push_back(llt.matrixL());
+  }
+  // Inverse-CDF draw from row p of n probabilities.
+  auto draw = [](const double* p, std::int64_t size, double u) {
+    double c = 0;
+    for (std::int64_t i = 0; i < size; ++i)
+      if (u < (c += p[i])) return i;
+    return size - 1;
+  };
+  const std::int64_t total = n * length;
+  states.assign(static_cast<std::size_t>(total), 0);
+  symbols.assign(v_ > 0 ? static_cast<std::size_t>(total) : 0, 0);
+  x.resize(d_ > 0 ? total : 0, d_);
+  std::vector<double> z(static_cast<std::size_t>(d_));
+  for (std::int64_t s = 0; s < n; ++s) {
+    std::int64_t k = 0;
+    for (std::int64_t t = s * length; t < (s + 1) * length; ++t) {
+      // Step t's draws: its state (step 0), its emission (step 1), its Gaussian noise (2, 3, ...).
+      const auto i = static_cast<std::uint64_t>(t);
+      const double u = rng.uniform2(i, 0)[0];
+      k = t == s * length ? draw(pi.data(), k_, u) : draw(&a(k, 0), k_, u);
+      states[static_cast<std::size_t>(t)] = k;
+      if (v_ > 0) {
+        symbols[static_cast<std::size_t>(t)] = draw(&b(k, 0), v_, rng.uniform2(i, 1)[0]);
+        continue;
+      }
+      for (int j = 0; j < d_; j += 2) {
+        const auto g = rng.normal2(i, static_cast<std::uint32_t>(2 + j / 2));
+        z[static_cast<std::size_t>(j)] = g[0];
+        if (j + 1 < d_) z[static_cast<std::size_t>(j + 1)] = g[1];
+      }
+      const Mat& l = chol[static_cast<std::size_t>(k)];
+      for (int r = 0; r < d_; ++r) {
+        double v = means(k, r);
+        for (int c = 0; c <= r; ++c) v += l(r, c) * z[static_cast<std::size_t>(c)];
+        x(t, r) = v;
+      }
+    }
+  }
+}
+
 }  // namespace caviar::hmm

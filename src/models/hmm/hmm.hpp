@@ -142,6 +142,12 @@ class Model {
   void posteriors(const Sequences& s, std::span<double> out) const;
   // Most probable state path per step (Viterbi, in log space).
   void viterbi(const Sequences& s, std::span<std::int64_t> out) const;
+  // Draws n sequences of `length` steps from the point parameters: their states (n length) and
+  // symbols (categorical, n length) or rows (Gaussian, n length x D). Each draw is keyed by
+  // (seed, kHmmSample, global step), so the result depends on nothing else.
+  void sample(std::uint64_t seed, std::int64_t n, std::int64_t length,
+              std::vector<std::int64_t>& states, std::vector<std::int64_t>& symbols,
+              RowMatrix& x) const;
 
   // Effective parameters the forward-backward uses (point estimates for EM; exp E[ln .] for VB).
   const Eigen::VectorXd& start() const { return pi_; }
