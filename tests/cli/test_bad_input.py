@@ -285,6 +285,8 @@ def main():
         ("hmm: --posteriors is --out", 2, hmm(p("hmm_cat.h5"), "--posteriors", out, "--out", out), "--posteriors and --out name the same file"),
         ("hmm score: a Gaussian model on symbols", 2, [caviar, "hmm", "score", "--model", p("hmm_gm.h5"), "--data", p("hmm_cat.h5")], "is a gaussian-emission model but"),
         ("hmm decode: a categorical model on 2-D data", 2, [caviar, "hmm", "decode", "--model", p("hmm_cm.h5"), "--data", p("hmm_gauss.h5"), "--out", out], "is a categorical-emission model but"),
+        ("hmm sample: --length 0", 2, [caviar, "hmm", "sample", "--model", p("hmm_cm.h5"), "--sequences", "3", "--length", "0", "--out", out], "--sequences and --length must be >= 1"),
+        ("hmm sample: a plsa model", 2, [caviar, "hmm", "sample", "--model", p("plsa_m.h5"), "--sequences", "3", "--length", "4", "--out", out], "is not a caviar hmm model"),
         ("hmm score: a plsa model", 2, [caviar, "hmm", "score", "--model", p("plsa_m.h5"), "--data", p("hmm_cat.h5")], "is not a caviar hmm model"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
