@@ -143,9 +143,9 @@ DataRef DataRef::parse(const std::string& spec, const std::string& default_path)
   return r;
 }
 
-MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref) {
+MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref, bool allow_1d) {
   silence_hdf5();
-  std::int64_t dims[2] = {0, 0};
+  std::int64_t dims[3] = {0, 0, 2};
   std::string error;
   if (comm.is_root()) {
     try {
@@ -155,10 +155,15 @@ MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref) {
       const H5T_class_t cls = H5Tget_class(type.get());
       if (cls != H5T_INTEGER && cls != H5T_FLOAT)
         throw Error("dataset " + ref.str() + " has a non-numeric type (need integer or float)");
-      const Dims d = dataset_dims(dset.get());
+      Dims d = dataset_dims(dset.get());
+      if (allow_1d && d.size() == 1) {
+        d.push_back(1);
+        dims[2] = 1;
+      }
       if (d.size() != 2)
         throw Error("dataset " + ref.str() + " is " + std::to_string(d.size()) +
-                    "-D; expected a 2-D (rows x features) array");
+                    (allow_1d ? "-D; expected a 1-D or 2-D array"
+                              : "-D; expected a 2-D (rows x features) array"));
       if (d[0] == 0 || d[1] == 0)
         throw Error("dataset " + ref.str() + " is empty (" + std::to_string(d[0]) + " x " +
                     std::to_string(d[1]) + ")");
@@ -171,8 +176,8 @@ MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref) {
   // Only rank 0 can have failed: broadcast its outcome instead of an allreduce of flags.
   comm.broadcast(error, 0);
   if (!error.empty()) throw Error(error);
-  comm.broadcast(std::span<std::int64_t>(dims, 2), 0);
-  return {dims[0], dims[1]};
+  comm.broadcast(std::span<std::int64_t>(dims, 3), 0);
+  return {dims[0], dims[1], static_cast<int>(dims[2])};
 }
 
 RowMatrix read_rows(const Comm& comm, const DataRef& ref, const MatrixShape& shape,
@@ -188,6 +193,7 @@ RowMatrix read_rows(const Comm& comm, const DataRef& ref, const MatrixShape& sha
     const hsize_t count[2] = {static_cast<hsize_t>(range.size()), static_cast<hsize_t>(shape.cols)};
     Handle mspace = checked(H5Screate_simple(2, count, nullptr), H5Sclose, "H5Screate failed");
     if (range.size() > 0) {
+      // A 1-D dataset selects range.size() values into the range.size() x 1 memory block.
       const hsize_t start[2] = {static_cast<hsize_t>(range.begin), 0};
       check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr),
             "cannot select rows of " + ref.str());

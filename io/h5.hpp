@@ -25,11 +25,13 @@ struct DataRef {
 };
 
 // Collective: rank 0 checks that the dataset exists, is 2-D, numeric, non-empty and returns
-// (rows, cols) on every rank; any problem is thrown on every rank.
+// (rows, cols) on every rank; any problem is thrown on every rank. With allow_1d, a 1-D dataset of
+// n values is accepted as n rows of one column (ndims 1), e.g. a sequence of symbols.
 struct MatrixShape {
   std::int64_t rows = 0, cols = 0;
+  int ndims = 2;
 };
-MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref);
+MatrixShape inspect_matrix(const Comm& comm, const DataRef& ref, bool allow_1d = false);
 
 // Collective: every rank reads its rows [range.begin, range.end) as double, one hyperslab per
 // rank over MPI-IO. Integer and float datasets, contiguous or chunked/compressed, are accepted.

@@ -20,6 +20,9 @@ enum class Stream : std::uint32_t {
   kLdaInit = 9,       // LDA initial topics
   kLdaGenerate = 10,  // synthetic LDA corpora
   kPlsaInit = 11,     // pLSA initial topics
+  kHmmInit = 12,      // HMM initial parameters
+  kHmmGenerate = 13,  // synthetic HMM sequences
+  kHmmSample = 14,    // sequences sampled from a fitted HMM
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -171,6 +171,31 @@ def main():
     subprocess.run(mpirun(1) + [caviar, "-q", "plsa", "fit", "--data", p("lda_a.h5"), "--topics", "3",
                                 "--max-iter", "2", "--out", p("plsa_m.h5")], check=True, capture_output=True)
     plsa = lambda data, *rest: [caviar, "plsa", "fit", "--data", data] + list(rest)
+    # HMM sequences: /X (every step) and /offsets (n + 1 boundaries).
+    def seqs(name, x, offsets):
+        with h5py.File(p(name), "w") as f:
+            f["X"] = x
+            f["offsets"] = np.asarray(offsets, dtype=np.int64)
+    sym = rng.integers(0, 4, size=40)
+    seqs("hmm_cat.h5", sym, [0, 10, 25, 40])
+    seqs("hmm_not_increasing.h5", sym, [0, 25, 10, 40])
+    seqs("hmm_short_offsets.h5", sym, [0, 10, 25, 38])
+    seqs("hmm_empty_seq.h5", sym, [0, 10, 10, 40])
+    seqs("hmm_neg_symbol.h5", np.where(np.arange(40) == 31, -1, sym), [0, 10, 25, 40])
+    seqs("hmm_big_symbol.h5", sym, [0, 10, 25, 40])
+    gx = rng.normal(size=(40, 2))
+    seqs("hmm_gauss.h5", gx, [0, 10, 25, 40])
+    seqs("hmm_gauss_nan.h5", np.where(np.arange(80).reshape(40, 2) == 53, np.nan, gx), [0, 10, 25, 40])
+    seqs("hmm_tiny.h5", sym[:3], [0, 1, 3])
+    with h5py.File(p("hmm_no_offsets.h5"), "w") as f:
+        f["X"] = sym
+    subprocess.run(mpirun(1) + [caviar, "-q", "hmm", "fit", "--data", p("hmm_gauss.h5"), "--states", "2",
+                                "--emission", "gaussian", "--max-iter", "2", "--out", p("hmm_gm.h5")],
+                   check=True, capture_output=True)
+    subprocess.run(mpirun(1) + [caviar, "-q", "hmm", "fit", "--data", p("hmm_cat.h5"), "--states", "2",
+                                "--symbols", "4", "--max-iter", "2", "--out", p("hmm_cm.h5")],
+                   check=True, capture_output=True)
+    hmm = lambda data, *rest: [caviar, "hmm", "fit", "--data", data, "--states", "2"] + list(rest)
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -248,6 +273,21 @@ def main():
         ("plsa resume: an lda checkpoint", 2, plsa(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out), "it was written by lda, not plsa"),
         ("plsa score: an lda model", 2, [caviar, "plsa", "score", "--model", p("lda_ck.h5"), "--data", p("lda_a.h5")], "is not a caviar plsa model"),
         ("plsa score: another vocabulary", 2, [caviar, "plsa", "score", "--model", p("plsa_m.h5"), "--data", p("lda_v70.h5")], "vocabulary of 70 words but the model has 60"),
+        ("hmm: offsets not increasing", 2, hmm(p("hmm_not_increasing.h5"), "--out", out), "is not increasing at entry 2"),
+        ("hmm: offsets not ending at T_total", 2, hmm(p("hmm_short_offsets.h5"), "--out", out), "ends at 38 but"),
+        ("hmm: an empty sequence", 2, hmm(p("hmm_empty_seq.h5"), "--out", out), "sequence 1 of"),
+        ("hmm: no /offsets", 2, hmm(p("hmm_no_offsets.h5"), "--out", out), "/offsets does not exist"),
+        ("hmm: a negative symbol", 2, hmm(p("hmm_neg_symbol.h5"), "--out", out), "at step 31"),
+        ("hmm: a symbol >= --symbols", 2, hmm(p("hmm_big_symbol.h5"), "--symbols", "3", "--out", out), "outside [0, --symbols 3)"),
+        ("hmm: NaN in Gaussian data", 3, hmm(p("hmm_gauss_nan.h5"), "--emission", "gaussian", "--out", out), "not finite (NaN or inf) at step 26"),
+        ("hmm: more states than time steps", 2, [caviar, "hmm", "fit", "--data", p("hmm_tiny.h5"), "--states", "4", "--out", out], "--states 4 is more than the 3 time steps"),
+        ("hmm: categorical fit of 2-D data", 2, hmm(p("hmm_gauss.h5"), "--out", out), "categorical emissions need 1-D"),
+        ("hmm: --posteriors is --out", 2, hmm(p("hmm_cat.h5"), "--posteriors", out, "--out", out), "--posteriors and --out name the same file"),
+        ("hmm score: a Gaussian model on symbols", 2, [caviar, "hmm", "score", "--model", p("hmm_gm.h5"), "--data", p("hmm_cat.h5")], "is a gaussian-emission model but"),
+        ("hmm decode: a categorical model on 2-D data", 2, [caviar, "hmm", "decode", "--model", p("hmm_cm.h5"), "--data", p("hmm_gauss.h5"), "--out", out], "is a categorical-emission model but"),
+        ("hmm sample: --length 0", 2, [caviar, "hmm", "sample", "--model", p("hmm_cm.h5"), "--sequences", "3", "--length", "0", "--out", out], "--sequences and --length must be >= 1"),
+        ("hmm sample: a plsa model", 2, [caviar, "hmm", "sample", "--model", p("plsa_m.h5"), "--sequences", "3", "--length", "4", "--out", out], "is not a caviar hmm model"),
+        ("hmm score: a plsa model", 2, [caviar, "hmm", "score", "--model", p("plsa_m.h5"), "--data", p("hmm_cat.h5")], "is not a caviar hmm model"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []

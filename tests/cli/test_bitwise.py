@@ -4,7 +4,8 @@ identical outputs for every rank count P in {1, 2, 3, 4} and thread count T in {
 
 Checked for `generate gmm`, a CAVI checkpoint written at 1 rank and resumed at 4 x 2, the Gaussian mixture fitted by CAVI (k-means++ start, labels and
 responsibilities), SVI (in memory and --stream, adaptive steps), EM, the stick-breaking prior with
-the data-based prior scale and a held-out score, and for LDA (CAVI) and the VAE. Every dataset
+the data-based prior scale and a held-out score, for LDA (CAVI), the VAE, and the HMM
+(`generate hmm`, Gaussian EM and categorical CAVI with posteriors, Viterbi decoding). Every dataset
 and every attribute of every output file is compared, except provenance: the rank and thread
 counts, the command line, and wall-clock times.
 
@@ -92,6 +93,28 @@ def main():
          lambda tag: [caviar, "lda", "fit", "--data", path("lda.h5"), "--topics", "4",
                       "--algorithm", "cavi", "--passes", "4", "--out", path(f"lda{tag}.h5")],
          lambda tag: [path(f"lda{tag}.h5")])
+    # The HMM: whole sequences sharded by length, expected counts in fixed point.
+    case("generate hmm",
+         lambda tag: [caviar, "generate", "hmm", "--sequences", "300", "--length", "5-60",
+                      "--states", "3", "--emission", "gaussian", "--dim", "3", "--seed", "4",
+                      "--out", path(f"hmmgen{tag}.h5")],
+         lambda tag: [path(f"hmmgen{tag}.h5")])
+    case("hmm em gaussian full",
+         lambda tag: [caviar, "hmm", "fit", "--data", path("hmmgen11.h5"), "--states", "3",
+                      "--emission", "gaussian", "--max-iter", "15", "--tol", "0",
+                      "--out", path(f"hmm{tag}.h5"), "--posteriors", path(f"hmmp{tag}.h5")],
+         lambda tag: [path(f"hmm{tag}.h5"), path(f"hmmp{tag}.h5")])
+    run([caviar, "generate", "hmm", "--sequences", "300", "--length", "5-60", "--states", "3",
+         "--symbols", "6", "--seed", "4", "--out", path("hmmcat.h5")], 1, 1)
+    case("hmm cavi categorical",
+         lambda tag: [caviar, "hmm", "fit", "--data", path("hmmcat.h5"), "--states", "3",
+                      "--algorithm", "cavi", "--max-iter", "15", "--tol", "0",
+                      "--out", path(f"hmmc{tag}.h5"), "--posteriors", path(f"hmmcp{tag}.h5")],
+         lambda tag: [path(f"hmmc{tag}.h5"), path(f"hmmcp{tag}.h5")])
+    case("hmm decode",
+         lambda tag: [caviar, "hmm", "decode", "--model", path("hmm11.h5"), "--data",
+                      path("hmmgen11.h5"), "--out", path(f"hmmd{tag}.h5")],
+         lambda tag: [path(f"hmmd{tag}.h5")])
     rng = np.random.default_rng(0)
     with h5py.File(path("vae_data.h5"), "w") as f:
         f["train"] = (rng.random((700, 12)) < 0.3).astype(np.float32)

@@ -1,0 +1,633 @@
+// caviar hmm fit | score | decode | sample and caviar generate hmm: the HMM (hmm.hpp) on the
+// engine's batch driver, over sequences stored as one HDF5 file: /X (every time step, sequence
+// after sequence: T_total symbols, or T_total x D rows) and /offsets (n_sequences + 1 increasing
+// int64, from 0 to T_total).
+#include "models/hmm/commands.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <optional>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "core/rng.hpp"
+#include "engine/batch.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/model_file.hpp"
+#include "engine/reduce.hpp"
+#include "engine/state_io.hpp"
+#include "inference/checkpoint.hpp"
+#include "io/h5.hpp"
+#include "models/hmm/hmm.hpp"
+
+namespace caviar::hmm {
+
+namespace {
+
+// A data file read by this rank: its sequences, the global facts, and which rows (sequences) and
+// steps are this rank's.
+struct Data {
+  Sequences seqs;
+  DataSummary summary;
+  RowRange rows, steps;
+  std::int64_t symbols = 0;  // 1 + the largest symbol (categorical)
+  io::MatrixShape shape;
+  std::string identity;  // of /offsets
+};
+
+// The contiguous range of whole sequences of rank `part`: sequence s belongs to the first rank
+// whose share of the steps [T p / P, T (p + 1) / P) holds its first step. A function of the offsets
+// and the rank count only; a sequence is never split.
+RowRange sequence_range(const std::vector<std::int64_t>& off, int parts, int part) {
+  const std::int64_t n = static_cast<std::int64_t>(off.size()) - 1, t = off.back();
+  auto first = [&](int p) -> std::int64_t {
+    if (p >= parts) return n;
+    // floor(t p / parts) without overflow
+    const std::int64_t target = t / parts * p + t % parts * p / parts;
+    return std::lower_bound(off.begin(), off.end() - 1, target) - off.begin();
+  };
+  return {first(part), first(part + 1)};
+}
+
+Data read_data(const Comm& comm, const std::string& file, Emission emission) {
+  Data d;
+  const io::DataRef xref{file, "/X"}, oref{file, "/offsets"};
+  std::vector<std::int64_t> off;
+  comm.agree([&] {
+    const io::FileReader r(file);
+    if (!r.has("offsets")) throw Error(oref.str() + " does not exist (need /X and /offsets)");
+    io::Dims dims;
+    const std::vector<double> v = r.read("offsets", &dims);
+    if (dims.size() != 1 || v.size() < 2)
+      throw Error(oref.str() + " must be 1-D with at least 2 entries (n_sequences + 1)");
+    off.resize(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!(v[i] >= 0 && v[i] <= 9e15 && v[i] == std::floor(v[i])))
+        throw Error(oref.str() + " holds a value that is not a non-negative integer at entry " +
+                    std::to_string(i));
+      off[i] = static_cast<std::int64_t>(v[i]);
+    }
+    if (off[0] != 0)
+      throw Error(oref.str() + " must start at 0 (it starts at " + std::to_string(off[0]) + ")");
+    for (std::size_t i = 0; i + 1 < off.size(); ++i) {
+      if (off[i + 1] < off[i])
+        throw Error(oref.str() + " is not increasing at entry " + std::to_string(i + 1));
+      if (off[i + 1] == off[i])
+        throw Error("sequence " + std::to_string(i) + " of " + file + " is empty (offsets " +
+                    std::to_string(i) + " and " + std::to_string(i + 1) + " are equal)");
+    }
+  });
+  d.shape = io::inspect_matrix(comm, xref, true);
+  const bool cat = emission == Emission::kCategorical;
+  if (cat && d.shape.ndims != 1)
+    throw Error(xref.str() + " is 2-D, but categorical emissions need 1-D integer symbols");
+  if (!cat && d.shape.ndims != 2)
+    throw Error(xref.str() + " is 1-D, but Gaussian emissions need a 2-D (steps x D) array");
+  if (off.back() != d.shape.rows)
+    throw Error(oref.str() + " ends at " + std::to_string(off.back()) + " but " + xref.str() +
+                " has " + std::to_string(d.shape.rows) + " time steps");
+  const std::int64_t n = static_cast<std::int64_t>(off.size()) - 1;
+  d.rows = sequence_range(off, comm.size(), comm.rank());
+  d.steps = {off[d.rows.begin], off[d.rows.end]};
+  d.seqs.offsets.assign(off.begin() + d.rows.begin, off.begin() + d.rows.end + 1);
+  for (auto& o : d.seqs.offsets) o -= d.steps.begin;
+  io::RowMatrix x = io::read_rows(comm, xref, d.shape, d.steps);
+  d.summary.sequences = n;
+  d.summary.steps = d.shape.rows;
+  ckpt::IdentityHash h;
+  for (std::int64_t o : off) h.word(static_cast<std::uint64_t>(o));
+  d.identity = h.hex();
+  std::string error;
+  if (cat) {
+    d.seqs.symbols.resize(static_cast<std::size_t>(x.rows()));
+    std::int64_t mx = -1;
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      const double v = x(t, 0);
+      if (!(v >= 0 && v < 2147483647.0 && v == std::floor(v))) {
+        char shown[32];
+        std::snprintf(shown, sizeof shown, "%.17g", v);
+        error = xref.str() + " holds " + shown + " at step " + std::to_string(d.steps.begin + t) +
+                ": symbols must be integers in [0, V) (negative, fractional or NaN values are "
+                "not symbols)";
+        break;
+      }
+      d.seqs.symbols[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(v);
+      mx = std::max<std::int64_t>(mx, static_cast<std::int64_t>(v));
+    }
+    comm.raise_if_any(error);
+    d.symbols = comm.allreduce_max(mx) + 1;
+    return d;
+  }
+  double mx = 0;
+  for (Eigen::Index t = 0; t < x.rows() && error.empty(); ++t)
+    for (Eigen::Index j = 0; j < x.cols(); ++j) {
+      if (!std::isfinite(x(t, j))) {
+        error = xref.str() + " holds a value that is not finite (NaN or inf) at step " +
+                std::to_string(d.steps.begin + t);
+        break;
+      }
+      mx = std::max(mx, std::abs(x(t, j)));
+    }
+  comm.raise_if_any(error);
+  d.summary.max_abs = comm.allreduce_max(mx);
+  // The data's mean and variance per dimension, summed exactly (the same bits at any rank count):
+  // the Gaussian initialisation and the Normal-Wishart prior use them.
+  const double total = static_cast<double>(d.shape.rows);
+  std::vector<double> col(static_cast<std::size_t>(x.rows()));
+  for (Eigen::Index j = 0; j < x.cols(); ++j) {
+    for (Eigen::Index t = 0; t < x.rows(); ++t) col[static_cast<std::size_t>(t)] = x(t, j);
+    const double mean = engine::exact_sum(comm, col) / total;
+    for (Eigen::Index t = 0; t < x.rows(); ++t)
+      col[static_cast<std::size_t>(t)] = (x(t, j) - mean) * (x(t, j) - mean);
+    d.summary.mean.push_back(mean);
+    d.summary.var.push_back(engine::exact_sum(comm, col) / total);
+  }
+  d.seqs.x = std::move(x);
+  return d;
+}
+
+template <class E>
+E parse_enum(const std::string& s, const std::string& flag,
+             std::initializer_list<std::pair<const char*, E>> names) {
+  for (const auto& [n, e] : names)
+    if (s == n) return e;
+  throw Error(flag + " " + s + " is not one of the choices");
+}
+
+struct FitOptions {
+  std::string data, out, posteriors, emission = "categorical", covariance = "full",
+                                     algorithm = "em";
+  int states = 0;
+  std::int64_t symbols = 0;
+  std::uint64_t seed = 0;
+  Config cfg;
+  engine::StopRule stop{100, 1e-6};
+  engine::CheckpointFiles files;
+};
+
+Config config_of(const FitOptions& o) {
+  Config c = o.cfg;
+  c.states = o.states;
+  c.emission = parse_enum<Emission>(
+      o.emission, "--emission",
+      {{"categorical", Emission::kCategorical}, {"gaussian", Emission::kGaussian}});
+  c.covariance = parse_enum<Covariance>(o.covariance, "--covariance",
+                                        {{"full", Covariance::kFull}, {"diag", Covariance::kDiag}});
+  c.algorithm = parse_enum<Algorithm>(o.algorithm, "--algorithm",
+                                      {{"em", Algorithm::kEm}, {"cavi", Algorithm::kCavi}});
+  return c;
+}
+
+void fit(const engine::Context& ctx, const FitOptions& o) {
+  const Comm& comm = *ctx.comm;
+  Config cfg = config_of(o);
+  if (o.states < 1) throw Error("--states must be >= 1");
+  const std::vector<std::string> inputs{o.data};
+  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
+  if (!o.posteriors.empty()) io::check_output_path(comm, o.posteriors, inputs);
+  if (!o.out.empty() && o.out == o.posteriors)
+    throw Error("--posteriors and --out name the same file");
+  engine::Checkpointer ck(comm, o.files, inputs, o.out);
+  const Data d = read_data(comm, o.data, cfg.emission);
+  if (o.states > d.summary.steps)
+    throw Error("--states " + std::to_string(o.states) + " is more than the " +
+                std::to_string(d.summary.steps) + " time steps of " + o.data);
+  if (cfg.emission == Emission::kCategorical) {
+    if (o.symbols > 0 && d.symbols > o.symbols)
+      throw Error(o.data + ":/X holds the symbol " + std::to_string(d.symbols - 1) +
+                  ", outside [0, --symbols " + std::to_string(o.symbols) + ")");
+    cfg.symbols = o.symbols > 0 ? o.symbols : d.symbols;
+  } else {
+    cfg.dim = static_cast<int>(d.shape.cols);
+  }
+  Model model(cfg, &d.seqs, d.summary);
+  model.init_random(o.seed);
+  if (!o.files.checkpoint.empty() || !o.files.resume.empty()) {
+    ckpt::Fingerprint fp("hmm");
+    fp.add("algorithm", o.algorithm, "--algorithm");
+    fp.add("emission", o.emission, "--emission");
+    if (cfg.emission == Emission::kGaussian) fp.add("covariance", o.covariance, "--covariance");
+    fp.add("states", static_cast<std::int64_t>(o.states), "--states");
+    fp.add("symbols", cfg.symbols, "--symbols");
+    fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
+    fp.add("prior_start", cfg.prior_start, "--prior-start");
+    fp.add("prior_trans", cfg.prior_trans, "--prior-trans");
+    fp.add("prior_emission", cfg.prior_emission, "--prior-emission");
+    fp.add("prior_beta", cfg.prior_beta, "--prior-beta");
+    fp.add("min_covar", cfg.min_covar, "--min-covar");
+    ckpt::add_data(fp, comm, "--data", io::DataRef{o.data, "/X"}, d.shape);
+    fp.add("offsets_identity", d.identity, "--data",
+           "its /offsets differ from this run's --data " + o.data);
+    ck.open(std::move(fp));
+  }
+  print_progress(ctx, "caviar hmm fit: " + o.data + ", K=" + std::to_string(o.states) + ", " +
+                          o.emission + ", " + o.algorithm + ", " + std::to_string(comm.size()) +
+                          " ranks x " + std::to_string(max_threads()) + " threads");
+  engine::BatchRun run;
+  run.comm = &comm;
+  run.stop = o.stop;
+  run.checkpoint = &ck;
+  run.rows = d.rows;
+  run.global_rows = d.summary.sequences;
+  const char* what = cfg.algorithm == Algorithm::kEm ? "loglik" : "elbo";
+  run.progress = [&](const engine::Report& r) {
+    char line[160];
+    std::snprintf(line, sizeof line, "iter %4d  %s % .10e  %8.3fs", r.iteration, what, r.objective,
+                  r.seconds);
+    print_progress(ctx, line);
+  };
+  const engine::RunResult res = engine::fit_batch(model, run);
+  if (!o.out.empty()) {
+    engine::write_model_file(
+        comm, o.out, [&](engine::StateWriter& w) { model.save(w); }, res,
+        {"hmm", o.algorithm, o.data, ctx.command_line, CAVIAR_VERSION, o.seed});
+    print_progress(ctx, "wrote model " + o.out);
+  }
+  if (!o.posteriors.empty()) {
+    // q(z_t) (VB) or p(z_t | x) (EM) of the returned state, one row per time step.
+    std::vector<double> g(static_cast<std::size_t>(d.steps.size() * o.states));
+    model.posteriors(d.seqs, g);
+    engine::write_rows_file(comm, o.posteriors,
+                            {"posteriors", g.data(), o.states, d.summary.steps, d.steps});
+    print_progress(ctx, "wrote " + o.posteriors + ":/posteriors");
+  }
+  auto j = engine::summary(ctx, res);
+  j[cfg.algorithm == Algorithm::kEm ? "log_likelihood" : "elbo"] = res.trace.objective.back();
+  j["sequences"] = d.summary.sequences;
+  j["steps"] = d.summary.steps;
+  print_summary(ctx, j);
+}
+
+// A model file's point parameters as a scoring model, and the data read for its emission type.
+struct Loaded {
+  std::optional<Model> model;
+  std::optional<Data> data;
+};
+
+// The point parameters of a model file written by hmm fit (collective: agreed errors).
+std::optional<Model> load_model(const Comm& comm, const std::string& model_file, Config& cfg) {
+  std::optional<Model> model;
+  comm.agree([&] {
+    const io::FileReader r(model_file);
+    std::string kind;
+    try {
+      kind = r.read_string_attr("model");
+    } catch (const Error&) {
+    }
+    if (kind != "hmm") throw Error("'" + model_file + "' is not a caviar hmm model");
+    const std::string em = r.read_string_attr("emission");
+    if (em != "categorical" && em != "gaussian")
+      throw Error("'" + model_file + "': unknown emission '" + em + "'");
+    cfg.emission = em == "categorical" ? Emission::kCategorical : Emission::kGaussian;
+    const double k = r.read_double_attr("n_states");
+    if (!(k >= 1 && k <= 1e5 && k == std::floor(k)))
+      throw Error("'" + model_file + "': its n_states is not a valid size");
+    cfg.states = static_cast<int>(k);
+    if (cfg.emission == Emission::kCategorical) {
+      const double v = r.read_double_attr("n_symbols");
+      if (!(v >= 1 && v <= 2147483647.0 && v == std::floor(v)))
+        throw Error("'" + model_file + "': its n_symbols is not a valid size");
+      cfg.symbols = static_cast<std::int64_t>(v);
+    } else {
+      const double dd = r.read_double_attr("n_features");
+      if (!(dd >= 1 && dd <= 1e5 && dd == std::floor(dd)))
+        throw Error("'" + model_file + "': its n_features is not a valid size");
+      cfg.dim = static_cast<int>(dd);
+      cfg.covariance =
+          r.read_string_attr("covariance") == "diag" ? Covariance::kDiag : Covariance::kFull;
+    }
+    cfg.algorithm = Algorithm::kEm;  // the point estimates
+    try {
+      model.emplace(cfg, nullptr, DataSummary{});
+      model->load_point(engine::FileStateReader(r, model_file));
+    } catch (const Error& e) {
+      throw Error("'" + model_file + "': " + e.what());
+    }
+  });
+  return model;
+}
+
+Loaded load(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
+  const Comm& comm = *ctx.comm;
+  Loaded l;
+  Config cfg;
+  l.model = load_model(comm, model_file, cfg);
+  // The data must hold the model's kind of emissions.
+  const io::MatrixShape shape = io::inspect_matrix(comm, io::DataRef{data, "/X"}, true);
+  const bool cat = cfg.emission == Emission::kCategorical;
+  if (cat != (shape.ndims == 1))
+    throw Error("'" + model_file + "' is a " + name(cfg.emission) + "-emission model but " + data +
+                ":/X holds " + (shape.ndims == 1 ? "categorical symbols (1-D)" : "2-D rows"));
+  l.data.emplace(read_data(comm, data, cfg.emission));
+  if (cat && l.data->symbols > cfg.symbols)
+    throw Error(data + ":/X holds the symbol " + std::to_string(l.data->symbols - 1) +
+                ", outside the model's [0, " + std::to_string(cfg.symbols) + ")");
+  if (!cat && l.data->shape.cols != cfg.dim)
+    throw Error(data + ":/X has " + std::to_string(l.data->shape.cols) +
+                " columns but the model has " + std::to_string(cfg.dim) + " features");
+  return l;
+}
+
+void score(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
+  const Comm& comm = *ctx.comm;
+  const Loaded l = load(ctx, model_file, data);
+  const Data& d = *l.data;
+  std::vector<double> ll(static_cast<std::size_t>(d.seqs.n()));
+  l.model->log_likelihood(d.seqs, ll);
+  const double total = engine::exact_sum(comm, ll);
+  const double per_step = total / static_cast<double>(d.summary.steps);
+  nlohmann::ordered_json j;
+  j["score"] = per_step;
+  j["log_likelihood"] = total;
+  j["steps"] = d.summary.steps;
+  j["sequences"] = d.summary.sequences;
+  if (!std::isfinite(total))
+    print_progress(ctx,
+                   "caviar: warning: a sequence has probability 0 under the model (a symbol no "
+                   "state emits, or a transition it forbids): the log-likelihood is not finite");
+  print_progress(ctx, "log-likelihood per step " + std::to_string(per_step));
+  print_summary(ctx, j);
+}
+
+void decode(const engine::Context& ctx, const std::string& model_file, const std::string& data,
+            const std::string& out) {
+  const Comm& comm = *ctx.comm;
+  io::check_output_path(comm, out, {model_file, data});
+  const Loaded l = load(ctx, model_file, data);
+  const Data& d = *l.data;
+  std::vector<std::int64_t> path(static_cast<std::size_t>(d.steps.size()));
+  l.model->viterbi(d.seqs, path);
+  io::ParallelRowWriter w(comm, out);
+  w.write_rows("states", d.summary.steps, d.steps, path.data(), {});
+  w.commit();
+  print_progress(ctx, "wrote " + out + ":/states");
+  nlohmann::ordered_json j;
+  j["steps"] = d.summary.steps;
+  j["sequences"] = d.summary.sequences;
+  print_summary(ctx, j);
+}
+
+struct SampleOptions {
+  std::string model, out;
+  std::int64_t sequences = 0, length = 0;
+  std::uint64_t seed = 0;
+};
+
+void sample(const engine::Context& ctx, const SampleOptions& o) {
+  const Comm& comm = *ctx.comm;
+  if (o.sequences < 1 || o.length < 1) throw Error("--sequences and --length must be >= 1");
+  io::check_output_path(comm, o.out, {o.model});
+  Config cfg;
+  const std::optional<Model> m = load_model(comm, o.model, cfg);
+  // Small outputs: rank 0 draws and writes them (the draws are keyed by step, not by rank).
+  comm.on_root([&] {
+    std::vector<std::int64_t> states, symbols;
+    RowMatrix x;
+    m->sample(o.seed, o.sequences, o.length, states, symbols, x);
+    std::vector<std::int64_t> off;
+    for (std::int64_t s = 0; s <= o.sequences; ++s) off.push_back(s * o.length);
+    const auto t = static_cast<std::uint64_t>(states.size());
+    io::FileWriter w(o.out);
+    if (cfg.emission == Emission::kCategorical)
+      w.write("X", std::span<const std::int64_t>(symbols), {t});
+    else
+      w.write("X", std::span<const double>(x.data(), static_cast<std::size_t>(x.size())),
+              {t, static_cast<std::uint64_t>(cfg.dim)});
+    w.write("offsets", std::span<const std::int64_t>(off), {off.size()});
+    w.write("states", std::span<const std::int64_t>(states), {t});
+    w.attr("emission", std::string(name(cfg.emission)));
+    w.attr("seed", static_cast<std::int64_t>(o.seed));
+    w.commit();
+  });
+  print_progress(ctx, "wrote " + o.out);
+  nlohmann::ordered_json j;
+  j["sequences"] = o.sequences;
+  j["steps"] = o.sequences * o.length;
+  print_summary(ctx, j);
+}
+
+// --- caviar generate hmm
+
+struct GenerateOptions {
+  std::int64_t sequences = 0;
+  std::string length = "50-100", emission = "categorical", out;
+  int states = 0, dim = 2;
+  std::int64_t symbols = 8;
+  std::uint64_t seed = 0;
+};
+
+// Counter indices carry a tag in their top byte (as the other generators).
+constexpr std::uint64_t kTagStart = 1ull << 56, kTagTrans = 2ull << 56, kTagEmit = 3ull << 56,
+                        kTagMean = 4ull << 56, kTagVar = 5ull << 56, kTagLength = 6ull << 56,
+                        kTagStep = 7ull << 56, kTagNoise = 8ull << 56;
+
+std::int64_t draw(const double* p, std::int64_t n, double u) {
+  double c = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (u < (c += p[i])) return i;
+  return n - 1;
+}
+
+void generate(const engine::Context& ctx, const GenerateOptions& o) {
+  const Comm& comm = *ctx.comm;
+  const bool cat = o.emission == "categorical";
+  if (!cat && o.emission != "gaussian") throw Error("--emission must be categorical or gaussian");
+  long long lo = 0, hi = 0;
+  char extra = 0;
+  if (std::sscanf(o.length.c_str(), "%lld-%lld%c", &lo, &hi, &extra) != 2 || lo < 1 || hi < lo)
+    throw Error("--length must be A-B with 1 <= A <= B (got '" + o.length + "')");
+  if (o.sequences < 1 || o.states < 1) throw Error("--sequences and --states must be >= 1");
+  if (cat ? o.symbols < 1 : o.dim < 1) throw Error("--symbols and --dim must be >= 1");
+  io::check_output_path(comm, o.out, {});
+  const int K = o.states;
+  const CounterRng rng(o.seed, Stream::kHmmGenerate);
+  auto u = [&](std::uint64_t i) { return rng.uniform2(i, 0)[0]; };
+  // Dirichlet(1) rows by normalised exponential draws; transitions lean on staying (half the mass
+  // on the diagonal), so that states persist over several steps.
+  auto dirichlet = [&](std::uint64_t tag, std::int64_t n, double* out) {
+    double s = 0;
+    for (std::int64_t i = 0; i < n; ++i) s += (out[i] = -std::log(u(tag + i)));
+    for (std::int64_t i = 0; i < n; ++i) out[i] /= s;
+  };
+  RowMatrix pi(1, K), a(K, K), b, means, sd;
+  dirichlet(kTagStart, K, pi.data());
+  for (int i = 0; i < K; ++i) {
+    dirichlet(kTagTrans | static_cast<std::uint64_t>(i * K), K, &a(i, 0));
+    a.row(i) *= 0.5;
+    a(i, i) += 0.5;
+  }
+  if (cat) {
+    b.resize(K, o.symbols);
+    for (int k = 0; k < K; ++k)
+      dirichlet(kTagEmit | static_cast<std::uint64_t>(k * o.symbols), o.symbols, &b(k, 0));
+  } else {
+    means.resize(K, o.dim);
+    sd.resize(K, o.dim);
+    for (int k = 0; k < K; ++k)
+      for (int j = 0; j < o.dim; ++j) {
+        means(k, j) = 4.0 * rng.normal2(kTagMean | static_cast<std::uint64_t>(k * o.dim + j), 0)[0];
+        sd(k, j) = 0.5 + u(kTagVar | static_cast<std::uint64_t>(k * o.dim + j));
+      }
+  }
+  std::vector<std::int64_t> off{0};
+  for (std::int64_t s = 0; s < o.sequences; ++s)
+    off.push_back(off.back() + lo +
+                  static_cast<std::int64_t>(u(kTagLength | static_cast<std::uint64_t>(s)) *
+                                            static_cast<double>(hi - lo + 1)));
+  comm.on_root([&] {
+    const std::int64_t T = off.back();
+    std::vector<std::int64_t> sym;
+    std::vector<double> x;
+    if (cat)
+      sym.resize(static_cast<std::size_t>(T));
+    else
+      x.resize(static_cast<std::size_t>(T * o.dim));
+    for (std::int64_t s = 0; s < o.sequences; ++s) {
+      std::int64_t z = 0;
+      for (std::int64_t t = off[s]; t < off[s + 1]; ++t) {
+        const auto idx = static_cast<std::uint64_t>(t);
+        z = t == off[s] ? draw(pi.data(), K, u(kTagStep | idx))
+                        : draw(&a(z, 0), K, u(kTagStep | idx));
+        if (cat) {
+          sym[static_cast<std::size_t>(t)] = draw(&b(z, 0), o.symbols, rng.uniform2(idx, 1)[0]);
+          continue;
+        }
+        for (int j = 0; j < o.dim; ++j)
+          x[static_cast<std::size_t>(t * o.dim + j)] =
+              means(z, j) +
+              sd(z, j) *
+                  rng.normal2(kTagNoise | (idx * static_cast<std::uint64_t>(o.dim) + j), 0)[0];
+      }
+    }
+    io::FileWriter w(o.out);
+    const auto ut = static_cast<std::uint64_t>(T);
+    if (cat)
+      w.write("X", std::span<const std::int64_t>(sym), {ut});
+    else
+      w.write("X", std::span<const double>(x), {ut, static_cast<std::uint64_t>(o.dim)});
+    w.write("offsets", std::span<const std::int64_t>(off), {off.size()});
+    const auto uk = static_cast<std::uint64_t>(K);
+    w.write("true/startprob", std::span<const double>(pi.data(), uk), {uk});
+    w.write("true/transmat", std::span<const double>(a.data(), uk * uk), {uk, uk});
+    if (cat) {
+      w.write("true/emissionprob", std::span<const double>(b.data(), b.size()),
+              {uk, static_cast<std::uint64_t>(o.symbols)});
+      w.attr("n_symbols", o.symbols);
+    } else {
+      const auto ud = static_cast<std::uint64_t>(o.dim);
+      w.write("true/means", std::span<const double>(means.data(), means.size()), {uk, ud});
+      RowMatrix cov = RowMatrix::Zero(K * o.dim, o.dim);
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < o.dim; ++j) cov(k * o.dim + j, j) = sd(k, j) * sd(k, j);
+      w.write("true/covariances", std::span<const double>(cov.data(), cov.size()), {uk, ud, ud});
+    }
+    w.attr("emission", o.emission);
+    w.attr("seed", static_cast<std::int64_t>(o.seed));
+    w.commit();
+  });
+  print_progress(ctx, "wrote " + o.out);
+  nlohmann::ordered_json j;
+  j["sequences"] = o.sequences;
+  j["steps"] = off.back();
+  print_summary(ctx, j);
+}
+
+}  // namespace
+
+void add_commands(CLI::App& cli, engine::Context& ctx) {
+  auto* hmm = cli.add_subcommand(
+      "hmm", "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI)");
+  hmm->require_subcommand(1);
+
+  auto o = std::make_shared<FitOptions>();
+  auto* f = hmm->add_subcommand("fit", "Fit an HMM to sequences (/X and /offsets of one file)");
+  f->add_option("--data", o->data, "Sequences FILE.h5 (/X: every step; /offsets: n+1 int64)")
+      ->required();
+  f->add_option("-k,--states", o->states, "Number of hidden states K")->required();
+  f->add_option("--emission", o->emission, "Emissions: categorical or gaussian")
+      ->check(CLI::IsMember({"categorical", "gaussian"}))
+      ->capture_default_str();
+  f->add_option("--covariance", o->covariance, "Gaussian covariances: full or diag")
+      ->check(CLI::IsMember({"full", "diag"}))
+      ->capture_default_str();
+  f->add_option("--algorithm", o->algorithm,
+                "em (Baum-Welch, maximum likelihood) or cavi (variational Bayes)")
+      ->check(CLI::IsMember({"em", "cavi"}))
+      ->capture_default_str();
+  f->add_option("--symbols", o->symbols,
+                "Categorical: the number of symbols V (default: 1 + the largest in the data)");
+  f->add_option("--seed", o->seed, "Random seed of the initial parameters")->capture_default_str();
+  f->add_option("--prior-start", o->cfg.prior_start,
+                "cavi: Dirichlet concentration of the initial distribution")
+      ->capture_default_str();
+  f->add_option("--prior-trans", o->cfg.prior_trans,
+                "cavi: Dirichlet concentration of each transition row")
+      ->capture_default_str();
+  f->add_option("--prior-emission", o->cfg.prior_emission,
+                "cavi, categorical: Dirichlet concentration of each emission row")
+      ->capture_default_str();
+  f->add_option("--prior-beta", o->cfg.prior_beta,
+                "cavi, gaussian: Normal-Wishart beta0 (m0 = data mean, nu0 = D + 2, W0^-1 = nu0 "
+                "diag(data variance))")
+      ->capture_default_str();
+  f->add_option("--min-covar", o->cfg.min_covar,
+                "em, gaussian: added to every covariance's diagonal in the M-step")
+      ->capture_default_str();
+  engine::add_stop_options(f, o->stop);
+  f->add_option("--out", o->out,
+                "Model file to write (HDF5: startprob, transmat, emissionprob or means and "
+                "covariances, posterior/ for cavi, traces, provenance)");
+  f->add_option("--posteriors", o->posteriors,
+                "File to write every step's state marginals to (dataset posteriors, T x K)");
+  engine::add_checkpoint_options(f, o->files);
+  f->callback([&ctx, o] {
+    ctx.stop_signals = true;
+    ctx.action = [&ctx, o] { fit(ctx, *o); };
+  });
+
+  auto model = std::make_shared<std::string>(), data = std::make_shared<std::string>(),
+       out = std::make_shared<std::string>();
+  auto* s = hmm->add_subcommand("score", "Held-out log-likelihood per time step (forward pass)");
+  s->add_option("--model", *model, "Model file written by hmm fit")->required();
+  s->add_option("--data", *data, "Sequences FILE.h5 (/X, /offsets)")->required();
+  s->callback(
+      [&ctx, model, data] { ctx.action = [&ctx, model, data] { score(ctx, *model, *data); }; });
+  auto* dc = hmm->add_subcommand("decode", "Most probable state path of every sequence (Viterbi)");
+  dc->add_option("--model", *model, "Model file written by hmm fit")->required();
+  dc->add_option("--data", *data, "Sequences FILE.h5 (/X, /offsets)")->required();
+  dc->add_option("--out", *out, "File to write the paths to (dataset states, int64 per step)")
+      ->required();
+  dc->callback([&ctx, model, data, out] {
+    ctx.action = [&ctx, model, data, out] { decode(ctx, *model, *data, *out); };
+  });
+
+  auto so = std::make_shared<SampleOptions>();
+  auto* sm = hmm->add_subcommand("sample", "Sample sequences (and their states) from a fitted HMM");
+  sm->add_option("--model", so->model, "Model file written by hmm fit")->required();
+  sm->add_option("--sequences", so->sequences, "Number of sequences")->required();
+  sm->add_option("--length", so->length, "Steps per sequence")->required();
+  sm->add_option("--seed", so->seed, "Random seed")->capture_default_str();
+  sm->add_option("--out", so->out, "Output FILE.h5 (/X, /offsets, /states)")->required();
+  sm->callback([&ctx, so] { ctx.action = [&ctx, so] { sample(ctx, *so); }; });
+
+  // caviar generate hmm: under the existing `generate` command.
+  auto g = std::make_shared<GenerateOptions>();
+  auto* gen = cli.get_subcommand("generate")
+                  ->add_subcommand(
+                      "hmm", "Sample sequences from a random HMM (true parameters under /true)");
+  gen->add_option("--sequences", g->sequences, "Number of sequences")->required();
+  gen->add_option("--length", g->length, "Sequence lengths, uniform in A-B")->capture_default_str();
+  gen->add_option("--states", g->states, "Number of hidden states")->required();
+  gen->add_option("--emission", g->emission, "categorical or gaussian")->capture_default_str();
+  gen->add_option("--symbols", g->symbols, "Categorical: number of symbols V")
+      ->capture_default_str();
+  gen->add_option("--dim", g->dim, "Gaussian: dimension D")->capture_default_str();
+  gen->add_option("--seed", g->seed, "Random seed")->capture_default_str();
+  gen->add_option("--out", g->out, "Output FILE.h5 (/X, /offsets, /true/...)")->required();
+  gen->callback([&ctx, g] { ctx.action = [&ctx, g] { generate(ctx, *g); }; });
+}
+
+}  // namespace caviar::hmm

@@ -1,0 +1,848 @@
+#include "models/hmm/hmm.hpp"
+
+#include <Eigen/Cholesky>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "core/fixed_point.hpp"
+#include "core/parallel.hpp"
+#include "core/rng.hpp"
+#include "math/special.hpp"
+
+namespace caviar::hmm {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Counter indices carry a tag in their top byte, so that different kinds of draws never share one.
+constexpr std::uint64_t kTagTrans = 2ull << 56, kTagEmit = 3ull << 56, kTagMean = 4ull << 56;
+
+using Mat = Eigen::MatrixXd;
+
+// KL(Dir(a) || Dir(a0 1)) = ln C(a) - ln C(a0 1) + sum_i (a_i - a0)(psi(a_i) - psi(sum a))
+// (Bishop 2006, B.23).
+double kl_dirichlet(const Eigen::VectorXd& a, double a0) {
+  const double psi_sum = math::digamma(a.sum());
+  double s = math::log_dirichlet_norm(a) -
+             math::log_dirichlet_norm(Eigen::VectorXd::Constant(a.size(), a0));
+  for (Eigen::Index i = 0; i < a.size(); ++i) s += (a[i] - a0) * (math::digamma(a[i]) - psi_sum);
+  return s;
+}
+
+double logdet_spd(const Mat& m, const char* what) {
+  const Eigen::LLT<Mat> llt(m);
+  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
+  return 2.0 * llt.matrixLLT().diagonal().array().log().sum();
+}
+
+Mat inverse_spd(const Mat& m, const char* what) {
+  const Eigen::LLT<Mat> llt(m);
+  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
+  return llt.solve(Mat::Identity(m.rows(), m.cols()));
+}
+
+// KL(NW(m, beta, W, nu) || NW(m0, beta0, W0, nu0)) in p dimensions, as E[ln q] - E[ln p] with
+// Bishop 2006, eqs 10.74 and 10.77 (the Wishart normaliser B.79, entropy B.82, E ln|Lambda| B.81).
+double kl_normal_wishart(const Eigen::VectorXd& m, double beta, const Mat& w, double nu,
+                         const Eigen::VectorXd& m0, double beta0, const Mat& w0_inv, double nu0) {
+  const int p = static_cast<int>(m.size());
+  const double logdet_w = logdet_spd(w, "a posterior Wishart scale");
+  const double logdet_w0 = -logdet_spd(w0_inv, "the prior Wishart scale");
+  const double e_logdet = math::expected_logdet_wishart(logdet_w, nu, p);
+  const Eigen::VectorXd dm = m - m0;
+  const double e_ln_q = 0.5 * e_logdet + 0.5 * p * std::log(beta / (2 * M_PI)) - 0.5 * p -
+                        math::wishart_entropy(logdet_w, nu, p, e_logdet);
+  const double e_ln_p = 0.5 * (p * std::log(beta0 / (2 * M_PI)) + e_logdet - p * beta0 / beta -
+                               beta0 * nu * dm.dot(w * dm)) +
+                        math::log_wishart_norm(logdet_w0, nu0, p) + 0.5 * (nu0 - p - 1) * e_logdet -
+                        0.5 * nu * (w0_inv * w).trace();
+  return e_ln_q - e_ln_p;
+}
+}  // namespace
+
+const char* name(Emission e) {
+  return e == Emission::kCategorical ? "categorical" : "gaussian";
+}
+const char* name(Covariance c) {
+  return c == Covariance::kFull ? "full" : "diag";
+}
+const char* name(Algorithm a) {
+  return a == Algorithm::kEm ? "em" : "cavi";
+}
+
+// --- Stats
+
+Stats::Stats(const std::vector<std::int64_t>& sizes, const std::vector<double>& bounds) {
+  std::int64_t off = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    sec_.push_back({off, sizes[i], fixed_point_scale(std::max(bounds[i], 1.0))});
+    off += sizes[i];
+  }
+  buf_.assign(static_cast<std::size_t>(off), 0);
+}
+
+void Stats::set_zero() {
+  std::fill(buf_.begin(), buf_.end(), std::int64_t{0});
+}
+
+void Stats::add(int section, std::int64_t at, const double* x, std::int64_t n) {
+  const Section& s = sec_[static_cast<std::size_t>(section)];
+  std::int64_t* out = buf_.data() + s.offset + at;
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] += static_cast<std::int64_t>(std::floor(x[i] * s.scale + 0.5));
+}
+
+Stats& Stats::operator+=(const Stats& o) {
+  for (std::size_t i = 0; i < buf_.size(); ++i) buf_[i] += o.buf_[i];
+  return *this;
+}
+
+// --- Model
+
+struct Model::Work {
+  RowMatrix b, alpha, beta;  // T x K: emissions (log, then scaled), scaled forward and backward
+  Eigen::VectorXd c, u;
+  RowMatrix xi;                      // K x K
+  std::vector<double> occ, sx, sxx;  // per-sequence Gaussian moments
+  void reserve(std::int64_t t, int k) {
+    if (b.rows() < t) {
+      b.resize(t, k);
+      alpha.resize(t, k);
+      beta.resize(t, k);
+      c.resize(t);
+    }
+    if (u.size() != k) u.resize(k);
+    if (xi.rows() != k) xi.resize(k, k);
+  }
+};
+
+Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
+    : cfg_(cfg),
+      seqs_(seqs),
+      data_(data),
+      k_(cfg.states),
+      d_(cfg.emission == Emission::kGaussian ? cfg.dim : 0),
+      v_(cfg.emission == Emission::kCategorical ? cfg.symbols : 0) {
+  if (k_ < 1) throw Error("--states must be >= 1 (got " + std::to_string(k_) + ")");
+  if (cfg.emission == Emission::kCategorical && v_ < 1) throw Error("the number of symbols is < 1");
+  if (cfg.emission == Emission::kGaussian && d_ < 1) throw Error("the data dimension is < 1");
+  for (double a : {cfg.prior_start, cfg.prior_trans, cfg.prior_emission, cfg.prior_beta})
+    if (!(a > 0) || !std::isfinite(a)) throw Error("every --prior-* must be a finite number > 0");
+  if (!(cfg.min_covar >= 0) || !std::isfinite(cfg.min_covar))
+    throw Error("--min-covar must be a finite number >= 0");
+  p_start_ = Eigen::VectorXd::Constant(k_, 1.0 / k_);
+  p_trans_ = RowMatrix::Constant(k_, k_, 1.0 / k_);
+  if (v_ > 0) p_emit_ = RowMatrix::Constant(k_, v_, 1.0 / static_cast<double>(v_));
+  if (d_ > 0) {
+    means_ = RowMatrix::Zero(k_, d_);
+    cov_.assign(static_cast<std::size_t>(k_), RowMatrix::Identity(d_, d_));
+    beta_ = Eigen::VectorXd::Ones(k_);
+    nu_ = Eigen::VectorXd::Constant(k_, d_ + 2.0);
+    m0_ = Eigen::VectorXd::Zero(d_);
+    w0_inv_ = RowMatrix::Identity(d_, d_) * (d_ + 2.0);
+    if (static_cast<int>(data.mean.size()) == d_) {
+      for (int j = 0; j < d_; ++j) {
+        m0_[j] = data.mean[static_cast<std::size_t>(j)];
+        // A constant dimension still needs a proper prior: floor its variance.
+        w0_inv_(j, j) = (d_ + 2.0) * std::max(data.var[static_cast<std::size_t>(j)], 1e-12);
+      }
+    }
+  }
+  refresh();
+}
+
+void Model::init_random(std::uint64_t seed) {
+  const CounterRng rng(seed, Stream::kHmmInit);
+  auto u = [&](std::uint64_t i) { return rng.uniform2(i, 0)[0]; };
+  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const double n = static_cast<double>(data_.sequences), t = static_cast<double>(data_.steps);
+  // Positive random weights, normalised (EM) or turned into pseudo-counts of the data's size (VB).
+  for (int k = 0; k < k_; ++k) p_start_[k] = vb ? cfg_.prior_start + n / k_ : 1.0 / k_;
+  for (int i = 0; i < k_; ++i) {
+    double s = 0;
+    for (int j = 0; j < k_; ++j) s += (p_trans_(i, j) = 0.5 + u(kTagTrans | (i * k_ + j)));
+    for (int j = 0; j < k_; ++j)
+      p_trans_(i, j) = vb ? cfg_.prior_trans + t / k_ * p_trans_(i, j) / s : p_trans_(i, j) / s;
+  }
+  if (v_ > 0) {
+    for (int k = 0; k < k_; ++k) {
+      double s = 0;
+      for (std::int64_t v = 0; v < v_; ++v)
+        s += (p_emit_(k, v) = 0.5 + u(kTagEmit | static_cast<std::uint64_t>(k * v_ + v)));
+      for (std::int64_t v = 0; v < v_; ++v)
+        p_emit_(k, v) = vb ? cfg_.prior_emission + t / k_ * p_emit_(k, v) / s : p_emit_(k, v) / s;
+    }
+  }
+  if (d_ > 0) {
+    // Means: the data mean plus one standard deviation of noise per dimension; covariances: the
+    // data's variances (VB: as the Wishart's expected precision nu W).
+    for (int k = 0; k < k_; ++k) {
+      for (int j = 0; j < d_; ++j) {
+        const double z = rng.normal2(kTagMean | static_cast<std::uint64_t>(k * d_ + j), 0)[0];
+        means_(k, j) = m0_[j] + std::sqrt(w0_inv_(j, j) / (d_ + 2.0)) * z;
+      }
+      beta_[k] = cfg_.prior_beta + t / k_;
+      nu_[k] = d_ + 2.0 + t / k_;
+      RowMatrix c = RowMatrix::Zero(d_, d_);
+      for (int j = 0; j < d_; ++j) {
+        const double var = w0_inv_(j, j) / (d_ + 2.0);
+        c(j, j) = vb ? 1.0 / (var * nu_[k]) : var;
+      }
+      cov_[static_cast<std::size_t>(k)] = c;
+    }
+  }
+  refresh();
+}
+
+void Model::refresh() {
+  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  // VB: exp E[ln pi_k] = exp(psi(alpha_k) - psi(sum alpha)) (Beal 2003, ch. 3), and likewise
+  // for each row of A and of B: sub-normalised.
+  auto expected_log = [](const double* a, std::int64_t n, double* out) {
+    double s = 0;
+    for (std::int64_t i = 0; i < n; ++i) s += a[i];
+    const double psi = math::digamma(s);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = math::digamma(a[i]) - psi;
+  };
+  pi_.resize(k_);
+  a_.resize(k_, k_);
+  if (vb) {
+    expected_log(p_start_.data(), k_, pi_.data());
+    pi_ = pi_.array().exp();
+    for (int i = 0; i < k_; ++i) expected_log(&p_trans_(i, 0), k_, &a_(i, 0));
+    a_ = a_.array().exp();
+  } else {
+    pi_ = p_start_;
+    a_ = p_trans_;
+  }
+  if (v_ > 0) {
+    log_b_t_.resize(v_, k_);
+    std::vector<double> row(static_cast<std::size_t>(v_));
+    for (int k = 0; k < k_; ++k) {
+      if (vb)
+        expected_log(&p_emit_(k, 0), v_, row.data());
+      else
+        for (std::int64_t v = 0; v < v_; ++v)
+          row[static_cast<std::size_t>(v)] = std::log(p_emit_(k, v));
+      for (std::int64_t v = 0; v < v_; ++v) log_b_t_(v, k) = row[static_cast<std::size_t>(v)];
+    }
+  }
+  if (d_ > 0) {
+    prec_.assign(static_cast<std::size_t>(k_), RowMatrix::Zero(d_, d_));
+    gauss_const_.resize(k_);
+    const bool diag = cfg_.covariance == Covariance::kDiag;
+    for (int k = 0; k < k_; ++k) {
+      const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+      RowMatrix& p = prec_[static_cast<std::size_t>(k)];
+      double logdet_prec = 0;  // EM: ln|Sigma^-1|; VB: E[ln|Lambda|]
+      if (diag) {
+        for (int j = 0; j < d_; ++j) {
+          if (!(c(j, j) > 0) || !std::isfinite(c(j, j)))
+            throw Error("the variance " + std::to_string(j) + " of state " + std::to_string(k) +
+                        " is not a finite positive number");
+          if (vb) {
+            p(j, j) = nu_[k] * c(j, j);
+            logdet_prec += math::expected_logdet_wishart(std::log(c(j, j)), nu_[k], 1);
+          } else {
+            p(j, j) = 1.0 / c(j, j);
+            logdet_prec -= std::log(c(j, j));
+          }
+        }
+      } else if (vb) {
+        p = nu_[k] * c;
+        logdet_prec =
+            math::expected_logdet_wishart(logdet_spd(c, "a Wishart scale matrix"), nu_[k], d_);
+      } else {
+        const std::string what = "the covariance of state " + std::to_string(k);
+        p = inverse_spd(c, what.c_str());
+        logdet_prec = -logdet_spd(c, what.c_str());
+      }
+      // ln N(x | mu, Lambda^-1) = 1/2 ln|Lambda| - D/2 ln 2 pi - 1/2 (x - mu)' Lambda (x - mu); VB
+      // takes its expectation under the Normal-Wishart (Bishop 2006, eq. 10.64): the extra
+      // -D / (2 beta).
+      gauss_const_[k] =
+          0.5 * logdet_prec - 0.5 * d_ * math::kLog2Pi - (vb ? 0.5 * d_ / beta_[k] : 0.0);
+    }
+  }
+}
+
+Stats Model::make_stats() const {
+  const double n = static_cast<double>(data_.sequences), t = static_cast<double>(data_.steps);
+  std::vector<std::int64_t> sizes{k_, static_cast<std::int64_t>(k_) * k_, k_};
+  std::vector<double> bounds{n, t, t};
+  if (v_ > 0) {
+    sizes.push_back(v_ * k_);
+    bounds.push_back(t);
+  } else {
+    const std::int64_t second = cfg_.covariance == Covariance::kDiag ? d_ : d_ * d_;
+    sizes.push_back(static_cast<std::int64_t>(k_) * d_);
+    bounds.push_back(t * data_.max_abs);
+    sizes.push_back(k_ * second);
+    bounds.push_back(t * data_.max_abs * data_.max_abs);
+  }
+  return Stats(sizes, bounds);
+}
+
+void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
+  const std::int64_t t0 = s.offsets[seq], T = s.length(seq);
+  if (v_ > 0) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      const double* lb = &log_b_t_(s.symbols[static_cast<std::size_t>(t0 + t)], 0);
+      std::copy_n(lb, k_, &w.b(t, 0));
+    }
+    return;
+  }
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  std::vector<double> dx(static_cast<std::size_t>(d_));
+  for (std::int64_t t = 0; t < T; ++t) {
+    const double* x = &s.x(t0 + t, 0);
+    for (int k = 0; k < k_; ++k) {
+      const RowMatrix& p = prec_[static_cast<std::size_t>(k)];
+      for (int j = 0; j < d_; ++j) dx[static_cast<std::size_t>(j)] = x[j] - means_(k, j);
+      double q = 0;
+      if (diag) {
+        for (int j = 0; j < d_; ++j) q += p(j, j) * dx[j] * dx[j];
+      } else {
+        for (int i = 0; i < d_; ++i) {
+          double r = 0;
+          for (int j = 0; j < d_; ++j) r += p(i, j) * dx[static_cast<std::size_t>(j)];
+          q += dx[static_cast<std::size_t>(i)] * r;
+        }
+      }
+      w.b(t, k) = gauss_const_[k] - 0.5 * q;
+    }
+  }
+}
+
+double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
+                               double* gamma) const {
+  const std::int64_t T = s.length(seq), t0 = s.offsets[seq];
+  const int K = k_;
+  w.reserve(T, K);
+  log_emissions(s, seq, w);
+  double ll = 0;
+  // The whole block at once: each step's log emissions less their maximum, exponentiated; the
+  // maxima go back into the log-likelihood.
+  for (std::int64_t t = 0; t < T; ++t) {
+    double* b = &w.b(t, 0);
+    double m = -kInf;
+    for (int k = 0; k < K; ++k) m = std::max(m, b[k]);
+    if (!std::isfinite(m)) return -kInf;  // no state can emit x_t
+    for (int k = 0; k < K; ++k) b[k] = std::exp(b[k] - m);
+    ll += m;
+  }
+  // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
+  // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
+  for (std::int64_t t = 0; t < T; ++t) {
+    double* a = &w.alpha(t, 0);
+    const double* b = &w.b(t, 0);
+    if (t == 0) {
+      for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
+    } else {
+      const double* prev = &w.alpha(t - 1, 0);
+      std::fill_n(a, K, 0.0);
+      for (int i = 0; i < K; ++i) {
+        const double pi = prev[i];
+        const double* ai = &a_(i, 0);
+        for (int j = 0; j < K; ++j) a[j] += pi * ai[j];
+      }
+      for (int k = 0; k < K; ++k) a[k] *= b[k];
+    }
+    double c = 0;
+    for (int k = 0; k < K; ++k) c += a[k];
+    if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
+    w.c[t] = c;
+    const double inv = 1.0 / c;
+    for (int k = 0; k < K; ++k) a[k] *= inv;
+    ll += std::log(c);
+  }
+  if (!stats && !gamma) return ll;
+  // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_t = A (b_{t+1} o beta_{t+1}) /
+  // c_{t+1}; the expected transitions xi_t(i, j) = alpha_t(i) A_ij b_{t+1}(j) beta_{t+1}(j) /
+  // c_{t+1} (Bishop 13.65) are summed over t as they go by.
+  w.xi.setZero();
+  std::fill_n(&w.beta(T - 1, 0), K, 1.0);
+  for (std::int64_t t = T - 2; t >= 0; --t) {
+    const double* bn = &w.b(t + 1, 0);
+    const double* betan = &w.beta(t + 1, 0);
+    const double inv = 1.0 / w.c[t + 1];
+    for (int j = 0; j < K; ++j) w.u[j] = bn[j] * betan[j] * inv;
+    double* be = &w.beta(t, 0);
+    const double* al = &w.alpha(t, 0);
+    for (int i = 0; i < K; ++i) {
+      const double* ai = &a_(i, 0);
+      double* xi = &w.xi(i, 0);
+      double r = 0;
+      for (int j = 0; j < K; ++j) {
+        const double p = ai[j] * w.u[j];
+        r += p;
+        xi[j] += al[i] * p;
+      }
+      be[i] = r;
+    }
+  }
+  // gamma_t = alpha_t o beta_t (Bishop 13.64), kept in alpha.
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) w.alpha(t, k) *= w.beta(t, k);
+  if (gamma) std::copy_n(&w.alpha(0, 0), T * K, gamma);
+  if (!stats) return ll;
+  stats->add(kStart, 0, &w.alpha(0, 0), K);
+  stats->add(kTrans, 0, w.xi.data(), static_cast<std::int64_t>(K) * K);
+  w.occ.assign(static_cast<std::size_t>(K), 0.0);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int k = 0; k < K; ++k) w.occ[static_cast<std::size_t>(k)] += w.alpha(t, k);
+  stats->add(kOcc, 0, w.occ.data(), K);
+  if (v_ > 0) {
+    for (std::int64_t t = 0; t < T; ++t)
+      stats->add(kEmit, s.symbols[static_cast<std::size_t>(t0 + t)] * static_cast<std::int64_t>(K),
+                 &w.alpha(t, 0), K);
+    return ll;
+  }
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  const int second = diag ? d_ : d_ * d_;
+  w.sx.assign(static_cast<std::size_t>(K * d_), 0.0);
+  w.sxx.assign(static_cast<std::size_t>(K * second), 0.0);
+  for (std::int64_t t = 0; t < T; ++t) {
+    const double* x = &s.x(t0 + t, 0);
+    for (int k = 0; k < K; ++k) {
+      const double g = w.alpha(t, k);
+      double* sx = &w.sx[static_cast<std::size_t>(k * d_)];
+      double* sxx = &w.sxx[static_cast<std::size_t>(k * second)];
+      for (int i = 0; i < d_; ++i) {
+        const double gx = g * x[i];
+        sx[i] += gx;
+        if (diag)
+          sxx[i] += gx * x[i];
+        else
+          for (int j = 0; j < d_; ++j) sxx[i * d_ + j] += gx * x[j];
+      }
+    }
+  }
+  stats->add(kSx, 0, w.sx.data(), K * d_);
+  stats->add(kSxx, 0, w.sxx.data(), K * second);
+  return ll;
+}
+
+void Model::local_step(Stats& stats, std::span<double> terms) {
+  const Sequences& s = *seqs_;
+  const std::int64_t n = s.n();
+  const int n_threads =
+      static_cast<int>(std::min<std::int64_t>(max_threads(), std::max<std::int64_t>(n, 1)));
+  // Threads other than the first count into their own statistics, added afterwards: integers, so
+  // the totals do not depend on which thread took which sequence.
+  while (static_cast<int>(work_.size()) < n_threads - 1) work_.push_back(make_stats());
+  for (int t = 0; t < n_threads - 1; ++t) work_[static_cast<std::size_t>(t)].set_zero();
+  std::vector<Work> work(static_cast<std::size_t>(n_threads));
+  parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
+    Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
+    for (std::int64_t q = s0; q < s1; ++q)
+      terms[static_cast<std::size_t>(q)] =
+          forward_backward(s, q, work[static_cast<std::size_t>(tid)], &acc, nullptr);
+  });
+  for (int t = 0; t < n_threads - 1; ++t) stats += work_[static_cast<std::size_t>(t)];
+}
+
+void Model::update(const Stats& st) {
+  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  // Start and transitions: EM normalises the expected counts (Bishop 2006, eqs 13.18-13.19); VB
+  // adds them to the Dirichlet prior (Beal 2003, ch. 3). A row no count reached keeps its
+  // EM estimate.
+  double total = 0;
+  for (int k = 0; k < k_; ++k) total += st.value(kStart, k);
+  for (int k = 0; k < k_; ++k)
+    p_start_[k] = vb ? cfg_.prior_start + st.value(kStart, k)
+                     : (total > 0 ? st.value(kStart, k) / total : p_start_[k]);
+  for (int i = 0; i < k_; ++i) {
+    double row = 0;
+    for (int j = 0; j < k_; ++j) row += st.value(kTrans, i * k_ + j);
+    for (int j = 0; j < k_; ++j) {
+      const double c = st.value(kTrans, i * k_ + j);
+      if (vb)
+        p_trans_(i, j) = cfg_.prior_trans + c;
+      else if (row > 0)
+        p_trans_(i, j) = c / row;
+    }
+  }
+  if (v_ > 0) {
+    for (int k = 0; k < k_; ++k) {
+      double row = 0;
+      for (std::int64_t v = 0; v < v_; ++v) row += st.value(kEmit, v * k_ + k);
+      for (std::int64_t v = 0; v < v_; ++v) {
+        const double c = st.value(kEmit, v * k_ + k);
+        if (vb)
+          p_emit_(k, v) = cfg_.prior_emission + c;
+        else if (row > 0)
+          p_emit_(k, v) = c / row;
+      }
+    }
+  } else {
+    const bool diag = cfg_.covariance == Covariance::kDiag;
+    const int second = diag ? d_ : d_ * d_;
+    for (int k = 0; k < k_; ++k) {
+      const double n = st.value(kOcc, k);
+      Eigen::VectorXd sx(d_);
+      Mat sxx = Mat::Zero(d_, d_);
+      for (int i = 0; i < d_; ++i) {
+        sx[i] = st.value(kSx, k * d_ + i);
+        if (diag)
+          sxx(i, i) = st.value(kSxx, k * second + i);
+        else
+          for (int j = 0; j < d_; ++j) sxx(i, j) = st.value(kSxx, k * second + i * d_ + j);
+      }
+      if (diag) {
+        // Only the diagonal is used: keep the off-diagonal statistics at exactly zero.
+      } else {
+        sxx = 0.5 * (sxx + sxx.transpose()).eval();
+      }
+      RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+      if (!vb) {
+        // Bishop 2006, eqs 13.20-13.21, with min_covar added to the diagonal.
+        if (!(n > 0)) continue;
+        const Eigen::VectorXd mu = sx / n;
+        Mat cov = sxx / n - mu * mu.transpose();
+        if (diag) cov = Mat(cov.diagonal().asDiagonal());
+        cov.diagonal().array() += cfg_.min_covar;
+        means_.row(k) = mu.transpose();
+        c = cov;
+        continue;
+      }
+      // Normal-Wishart update (Bishop 2006, eqs 10.60-10.63), written with N S = S_xx - N xbar
+      // xbar' so that an empty state (N = 0) gets the prior back.
+      const double beta0 = cfg_.prior_beta, nu0 = d_ + 2.0;
+      beta_[k] = beta0 + n;
+      nu_[k] = nu0 + n;
+      Mat w_inv = w0_inv_;
+      Eigen::VectorXd m = m0_;
+      if (n > 0) {
+        const Eigen::VectorXd xbar = sx / n;
+        const Eigen::VectorXd dm = xbar - m0_;
+        m = (beta0 * m0_ + sx) / beta_[k];
+        w_inv += sxx - n * xbar * xbar.transpose() + (beta0 * n / beta_[k]) * dm * dm.transpose();
+      }
+      means_.row(k) = m.transpose();
+      if (diag) {
+        c = RowMatrix::Zero(d_, d_);
+        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / w_inv(j, j);
+      } else {
+        c = inverse_spd(0.5 * (w_inv + w_inv.transpose()), "a Wishart scale's inverse");
+      }
+    }
+  }
+  refresh();
+}
+
+double Model::global_objective() const {
+  if (cfg_.algorithm != Algorithm::kCavi) return 0.0;
+  // Serial, in a fixed order: the same on every rank.
+  double kl = kl_dirichlet(p_start_, cfg_.prior_start);
+  for (int i = 0; i < k_; ++i) kl += kl_dirichlet(p_trans_.row(i).transpose(), cfg_.prior_trans);
+  if (v_ > 0) {
+    for (int k = 0; k < k_; ++k)
+      kl += kl_dirichlet(p_emit_.row(k).transpose(), cfg_.prior_emission);
+    return -kl;
+  }
+  const double nu0 = d_ + 2.0;
+  for (int k = 0; k < k_; ++k) {
+    const RowMatrix& w = cov_[static_cast<std::size_t>(k)];
+    if (cfg_.covariance == Covariance::kDiag) {
+      for (int j = 0; j < d_; ++j)
+        kl += kl_normal_wishart(Eigen::VectorXd::Constant(1, means_(k, j)), beta_[k],
+                                Mat::Constant(1, 1, w(j, j)), nu_[k],
+                                Eigen::VectorXd::Constant(1, m0_[j]), cfg_.prior_beta,
+                                Mat::Constant(1, 1, w0_inv_(j, j)), nu0);
+    } else {
+      kl += kl_normal_wishart(means_.row(k).transpose(), beta_[k], w, nu_[k], m0_, cfg_.prior_beta,
+                              w0_inv_, nu0);
+    }
+  }
+  return -kl;
+}
+
+void Model::point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMatrix& means,
+                         std::vector<RowMatrix>& cov) const {
+  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  pi = vb ? Eigen::VectorXd(p_start_ / p_start_.sum()) : p_start_;
+  a = p_trans_;
+  if (vb)
+    for (int i = 0; i < k_; ++i) a.row(i) /= a.row(i).sum();
+  b = p_emit_;
+  if (vb && v_ > 0)
+    for (int k = 0; k < k_; ++k) b.row(k) /= b.row(k).sum();
+  means = means_;
+  cov = cov_;
+  if (vb && d_ > 0)  // the inverse of the expected precision, (nu W)^-1
+    for (int k = 0; k < k_; ++k) {
+      const RowMatrix p = prec_[static_cast<std::size_t>(k)];
+      RowMatrix& c = cov[static_cast<std::size_t>(k)];
+      if (cfg_.covariance == Covariance::kDiag) {
+        c = RowMatrix::Zero(d_, d_);
+        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / p(j, j);
+      } else {
+        c = inverse_spd(p, "an expected precision");
+      }
+    }
+}
+
+namespace {
+using U = std::uint64_t;
+void write_cov(engine::StateWriter& w, const std::string& name, const std::vector<RowMatrix>& c,
+               bool diag) {
+  const U k = c.size(), d = static_cast<U>(c.front().rows());
+  std::vector<double> out;
+  for (const RowMatrix& m : c)
+    for (U i = 0; i < d; ++i)
+      if (diag)
+        out.push_back(m(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(i)));
+      else
+        for (U j = 0; j < d; ++j)
+          out.push_back(m(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)));
+  if (diag)
+    w.array(name, out, {k, d});
+  else
+    w.array(name, out, {k, d, d});
+}
+
+std::vector<RowMatrix> read_cov(const engine::StateReader& r, const std::string& name, int k, int d,
+                                bool diag) {
+  const std::vector<double> v =
+      diag ? r.array(name, {U(k), U(d)}) : r.array(name, {U(k), U(d), U(d)});
+  std::vector<RowMatrix> out(static_cast<std::size_t>(k), RowMatrix::Zero(d, d));
+  for (int s = 0; s < k; ++s)
+    for (int i = 0; i < d; ++i)
+      if (diag)
+        out[static_cast<std::size_t>(s)](i, i) = v[static_cast<std::size_t>(s * d + i)];
+      else
+        for (int j = 0; j < d; ++j)
+          out[static_cast<std::size_t>(s)](i, j) = v[static_cast<std::size_t>((s * d + i) * d + j)];
+  for (double x : v)
+    if (!std::isfinite(x)) throw Error("its " + name + " holds a value that is not finite");
+  return out;
+}
+
+std::vector<double> flat(const RowMatrix& m) {
+  return {m.data(), m.data() + m.size()};
+}
+}  // namespace
+
+void Model::save(engine::StateWriter& w) const {
+  const U K = static_cast<U>(k_);
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  Eigen::VectorXd pi;
+  RowMatrix a, b, means;
+  std::vector<RowMatrix> cov;
+  point_params(pi, a, b, means, cov);
+  w.array("startprob", std::span<const double>(pi.data(), K), {K});
+  w.array("transmat", flat(a), {K, K});
+  if (v_ > 0)
+    w.array("emissionprob", flat(b), {K, U(v_)});
+  else {
+    w.array("means", flat(means), {K, U(d_)});
+    write_cov(w, "covariances", cov, diag);
+  }
+  w.attr("emission", std::string(name(cfg_.emission)));
+  if (d_ > 0) w.attr("covariance", std::string(name(cfg_.covariance)));
+  w.attr("inference", std::string(name(cfg_.algorithm)));
+  w.attr("n_states", static_cast<std::int64_t>(k_));
+  if (v_ > 0) w.attr("n_symbols", v_);
+  if (d_ > 0) w.attr("n_features", static_cast<std::int64_t>(d_));
+  if (cfg_.algorithm != Algorithm::kCavi) {
+    if (d_ > 0) w.attr("min_covar", cfg_.min_covar);
+    return;
+  }
+  w.array("posterior/start", std::span<const double>(p_start_.data(), K), {K});
+  w.array("posterior/trans", flat(p_trans_), {K, K});
+  w.attr("prior_start", cfg_.prior_start);
+  w.attr("prior_trans", cfg_.prior_trans);
+  if (v_ > 0) {
+    w.array("posterior/emission", flat(p_emit_), {K, U(v_)});
+    w.attr("prior_emission", cfg_.prior_emission);
+    return;
+  }
+  w.array("posterior/m", flat(means_), {K, U(d_)});
+  w.array("posterior/beta", std::span<const double>(beta_.data(), K), {K});
+  w.array("posterior/nu", std::span<const double>(nu_.data(), K), {K});
+  write_cov(w, "posterior/W", cov_, diag);
+  w.array("prior/m", std::span<const double>(m0_.data(), U(d_)), {U(d_)});
+  w.array("prior/W_inv", flat(w0_inv_), {U(d_), U(d_)});
+  w.attr("prior_beta", cfg_.prior_beta);
+  w.attr("prior_nu", d_ + 2.0);
+}
+
+void Model::load(const engine::StateReader& r) {
+  if (cfg_.algorithm != Algorithm::kCavi) {
+    load_point(r);
+    return;
+  }
+  const U K = static_cast<U>(k_);
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  auto get = [&](const std::string& n, const engine::Dims& d) {
+    std::vector<double> v = r.array(n, d);
+    for (double x : v)
+      if (!(x > 0) || !std::isfinite(x)) throw Error("its " + n + " holds a value that is not > 0");
+    return v;
+  };
+  std::vector<double> v = get("posterior/start", {K});
+  p_start_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
+  v = get("posterior/trans", {K, K});
+  p_trans_ = Eigen::Map<const RowMatrix>(v.data(), k_, k_);
+  if (v_ > 0) {
+    v = get("posterior/emission", {K, U(v_)});
+    p_emit_ = Eigen::Map<const RowMatrix>(v.data(), k_, v_);
+  } else {
+    v = r.array("posterior/m", {K, U(d_)});
+    means_ = Eigen::Map<const RowMatrix>(v.data(), k_, d_);
+    v = get("posterior/beta", {K});
+    beta_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
+    v = get("posterior/nu", {K});
+    nu_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
+    cov_ = read_cov(r, "posterior/W", k_, d_, diag);
+  }
+  refresh();
+}
+
+void Model::load_point(const engine::StateReader& r) {
+  const U K = static_cast<U>(k_);
+  auto prob = [&](const std::string& n, const engine::Dims& d, std::int64_t rows,
+                  std::int64_t cols) {
+    const std::vector<double> v = r.array(n, d);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      double s = 0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const double x = v[static_cast<std::size_t>(i * cols + j)];
+        if (!(x >= 0 && x <= 1)) throw Error("its " + n + " holds a value outside [0, 1]");
+        s += x;
+      }
+      if (!(std::abs(s - 1) < 1e-6)) throw Error("a row of its " + n + " does not sum to 1");
+    }
+    return RowMatrix(Eigen::Map<const RowMatrix>(v.data(), rows, cols));
+  };
+  p_start_ = prob("startprob", {K}, 1, k_).row(0).transpose();
+  p_trans_ = prob("transmat", {K, K}, k_, k_);
+  if (v_ > 0) {
+    p_emit_ = prob("emissionprob", {K, U(v_)}, k_, v_);
+  } else {
+    const std::vector<double> m = r.array("means", {K, U(d_)});
+    for (double x : m)
+      if (!std::isfinite(x)) throw Error("its means hold a value that is not finite");
+    means_ = Eigen::Map<const RowMatrix>(m.data(), k_, d_);
+    cov_ = read_cov(r, "covariances", k_, d_, cfg_.covariance == Covariance::kDiag);
+  }
+  refresh();
+}
+
+void Model::log_likelihood(const Sequences& s, std::span<double> out) const {
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
+    Work w;
+    for (std::int64_t q = s0; q < s1; ++q)
+      out[static_cast<std::size_t>(q)] = forward_backward(s, q, w, nullptr, nullptr);
+  });
+}
+
+void Model::posteriors(const Sequences& s, std::span<double> out) const {
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
+    Work w;
+    for (std::int64_t q = s0; q < s1; ++q) {
+      double* g = out.data() + s.offsets[q] * k_;
+      if (!std::isfinite(forward_backward(s, q, w, nullptr, g)))
+        std::fill_n(g, s.length(q) * k_, std::numeric_limits<double>::quiet_NaN());
+    }
+  });
+}
+
+void Model::viterbi(const Sequences& s, std::span<std::int64_t> out) const {
+  RowMatrix log_a = a_.array().log().matrix();
+  Eigen::VectorXd log_pi = pi_.array().log().matrix();
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
+    Work w;
+    std::vector<int> back;
+    std::vector<double> prev(static_cast<std::size_t>(k_)), cur(prev.size());
+    for (std::int64_t q = s0; q < s1; ++q) {
+      const std::int64_t T = s.length(q), t0 = s.offsets[q];
+      w.reserve(T, k_);
+      log_emissions(s, q, w);
+      back.assign(static_cast<std::size_t>(T * k_), 0);
+      // delta_t(j) = max_i [delta_{t-1}(i) + ln A_ij] + ln b_j(x_t) (Rabiner 1989, section III.B,
+      // in logarithms); ties go to the lowest state.
+      for (int k = 0; k < k_; ++k) prev[static_cast<std::size_t>(k)] = log_pi[k] + w.b(0, k);
+      for (std::int64_t t = 1; t < T; ++t) {
+        for (int j = 0; j < k_; ++j) {
+          double best = -kInf;
+          int arg = 0;
+          for (int i = 0; i < k_; ++i) {
+            const double v = prev[static_cast<std::size_t>(i)] + log_a(i, j);
+            if (v > best) {
+              best = v;
+              arg = i;
+            }
+          }
+          cur[static_cast<std::size_t>(j)] = best + w.b(t, j);
+          back[static_cast<std::size_t>(t * k_ + j)] = arg;
+        }
+        std::swap(prev, cur);
+      }
+      int state = 0;
+      for (int k = 1; k < k_; ++k)
+        if (prev[static_cast<std::size_t>(k)] > prev[static_cast<std::size_t>(state)]) state = k;
+      for (std::int64_t t = T - 1; t >= 0; --t) {
+        out[static_cast<std::size_t>(t0 + t)] = state;
+        if (t > 0) state = back[static_cast<std::size_t>(t * k_ + state)];
+      }
+    }
+  });
+}
+
+void Model::sample(std::uint64_t seed, std::int64_t n, std::int64_t length,
+                   std::vector<std::int64_t>& states, std::vector<std::int64_t>& symbols,
+                   RowMatrix& x) const {
+  const CounterRng rng(seed, Stream::kHmmSample);
+  Eigen::VectorXd pi;
+  RowMatrix a, b, means;
+  std::vector<RowMatrix> cov;
+  point_params(pi, a, b, means, cov);
+  std::vector<Mat> chol;  // Sigma_k = L L'
+  for (const RowMatrix& c : cov) {
+    const Eigen::LLT<Mat> llt{Mat(c)};
+    if (llt.info() != Eigen::Success) throw Error("a covariance is not positive definite");
+    chol.push_back(llt.matrixL());
+  }
+  // Inverse-CDF draw from row p of n probabilities.
+  auto draw = [](const double* p, std::int64_t size, double u) {
+    double c = 0;
+    for (std::int64_t i = 0; i < size; ++i)
+      if (u < (c += p[i])) return i;
+    return size - 1;
+  };
+  const std::int64_t total = n * length;
+  states.assign(static_cast<std::size_t>(total), 0);
+  symbols.assign(v_ > 0 ? static_cast<std::size_t>(total) : 0, 0);
+  x.resize(d_ > 0 ? total : 0, d_);
+  std::vector<double> z(static_cast<std::size_t>(d_));
+  for (std::int64_t s = 0; s < n; ++s) {
+    std::int64_t k = 0;
+    for (std::int64_t t = s * length; t < (s + 1) * length; ++t) {
+      // Step t's draws: its state (step 0), its emission (step 1), its Gaussian noise (2, 3, ...).
+      const auto i = static_cast<std::uint64_t>(t);
+      const double u = rng.uniform2(i, 0)[0];
+      k = t == s * length ? draw(pi.data(), k_, u) : draw(&a(k, 0), k_, u);
+      states[static_cast<std::size_t>(t)] = k;
+      if (v_ > 0) {
+        symbols[static_cast<std::size_t>(t)] = draw(&b(k, 0), v_, rng.uniform2(i, 1)[0]);
+        continue;
+      }
+      for (int j = 0; j < d_; j += 2) {
+        const auto g = rng.normal2(i, static_cast<std::uint32_t>(2 + j / 2));
+        z[static_cast<std::size_t>(j)] = g[0];
+        if (j + 1 < d_) z[static_cast<std::size_t>(j + 1)] = g[1];
+      }
+      const Mat& l = chol[static_cast<std::size_t>(k)];
+      for (int r = 0; r < d_; ++r) {
+        double v = means(k, r);
+        for (int c = 0; c <= r; ++c) v += l(r, c) * z[static_cast<std::size_t>(c)];
+        x(t, r) = v;
+      }
+    }
+  }
+}
+
+}  // namespace caviar::hmm
