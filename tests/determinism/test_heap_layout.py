@@ -15,6 +15,10 @@ Every dataset and attribute of every output file must be the same bytes as the r
 (provenance and timings excepted, as in test_bitwise.py).
 
 usage: test_heap_layout.py CAVIAR_BIN HEAP_OFFSET_SO WORKDIR [--quick] [--only SUBSTRING]
+                          [--sizes small|blocks]
+
+--sizes runs a part of the N values (ctest runs the two parts as two tests, each within its own
+time limit): small = 1, 2, 3, 6, 10; blocks = 255, 256, 257, 300.
 """
 import concurrent.futures
 import os
@@ -27,7 +31,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
 from clitest import fresh_workdir, h5_differences, mpirun  # noqa: E402
 
-N_VALUES = [1, 2, 3, 6, 10, 255, 256, 257, 300]
+SIZES = {"small": [1, 2, 3, 6, 10], "blocks": [255, 256, 257, 300]}
+N_VALUES = SIZES["small"] + SIZES["blocks"]
 
 
 def layouts(shim):
@@ -80,6 +85,14 @@ def make_data(caviar, path, n):
     if r.returncode != 0:
         raise SystemExit(f"FAIL: generate lda --docs {n}: {r.stderr}")
     files["corpus"] = corpus
+    for emission, extra in (("gaussian", ["--dim", "2"]), ("categorical", ["--symbols", "5"])):
+        seqs = path(f"hmm_{emission}{n}.h5")
+        r = subprocess.run([caviar, "generate", "hmm", "--sequences", str(n), "--length", "2-12",
+                            "--states", "3", "--emission", emission, "--seed", str(n), "--out",
+                            seqs] + extra, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"FAIL: generate hmm --sequences {n}: {r.stderr}")
+        files[f"hmm_{emission}"] = seqs
     return files
 
 
@@ -113,6 +126,15 @@ def problems(files, n):
                             "--max-iter", "5", "--seed", "3", "--stream"],
         "plsa": ["plsa", "fit", "--data", corpus, "--topics", "3", "--max-iter", "5", "--seed",
                  "3", "--smooth", "0.5", "--heldout", corpus],
+        "hmm-em-full": ["hmm", "fit", "--data", files["hmm_gaussian"], "--states", "3",
+                        "--emission", "gaussian", "--covariance", "full", "--algorithm", "em",
+                        "--max-iter", "10", "--seed", "3"],
+        "hmm-cavi-diag": ["hmm", "fit", "--data", files["hmm_gaussian"], "--states", "3",
+                          "--emission", "gaussian", "--covariance", "diag", "--algorithm", "cavi",
+                          "--max-iter", "10", "--seed", "3"],
+        "hmm-cavi-cat": ["hmm", "fit", "--data", files["hmm_categorical"], "--states", "3",
+                         "--emission", "categorical", "--algorithm", "cavi", "--max-iter", "10",
+                         "--seed", "3"],
         "vae": ["vae", "train", "--data", dense + ":/B", "--hidden", "8", "--latent", "2",
                 "--batch-size", str(max(1, n // 2)), "--micro-blocks", str(min(4, max(1, n // 2))),
                 "--epochs", "2", "--seed", "5"],
@@ -125,6 +147,9 @@ def outputs_of(name, path, tag):
     if name.startswith("gmm") and "stream" not in name:  # --stream writes no labels
         files = [path(f"{tag}.h5"), path(f"{tag}_labels.h5")]
         return ["--out", files[0], "--labels", files[1], "--save-responsibilities"], files
+    if name.startswith("hmm"):
+        files = [path(f"{tag}.h5"), path(f"{tag}_posteriors.h5")]
+        return ["--out", files[0], "--posteriors", files[1]], files
     if name.startswith("plsa"):
         files = [path(f"{tag}.h5"), path(f"{tag}_doc_topics.h5")]
         return ["--out", files[0], "--doc-topics", files[1]], files
@@ -146,10 +171,13 @@ def main():
     if "--only" in args:
         only = args[args.index("--only") + 1]
         del args[args.index("--only"):args.index("--only") + 2]
+    n_values = [3, 10, 257] if quick else N_VALUES
+    if "--sizes" in args:
+        n_values = SIZES[args[args.index("--sizes") + 1]]
+        del args[args.index("--sizes"):args.index("--sizes") + 2]
     args = [a for a in args if a != "--quick"]
     caviar, shim, work = args[0], args[1], args[2]
     path = fresh_workdir(work)
-    n_values = [3, 10, 257] if quick else N_VALUES
     failures, checked = [], 0
     jobs = []  # (problem, n, reference argv+files, variant list)
     for n in n_values:
