@@ -10,7 +10,9 @@
 #
 # Cases (inputs made by `caviar generate` and h5py first, natively, not under valgrind):
 #   gmm fit CAVI full (+ labels, checkpoint), CAVI diag, SVI, SVI --stream, EM (+ labels),
-#   stick-breaking (+ held-out score); lda fit CAVI and SVI; vae train (700 x 12 binary, 1 epoch).
+#   stick-breaking (+ held-out score); lda fit CAVI and SVI; plsa fit (+ per-document topics,
+#   checkpoint); hmm fit Gaussian EM (+ posteriors) and categorical CAVI (+ checkpoint); vae train
+#   (700 x 12 binary, 1 epoch).
 #
 # Policy: ANY memcheck error fails the job (invalid reads/writes, uninitialised values in
 # conditions, addresses or syscalls, bad frees), after tests/sanitize/valgrind.supp removes
@@ -37,6 +39,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 
 "$caviar" -q generate gmm --n 600 --dim 3 --components 3 --seed 1 --out gmm.h5:/X
 "$caviar" -q generate lda --docs 200 --words 80 --topics 3 --seed 2 --out lda.h5
+"$caviar" -q generate hmm --sequences 60 --length 5-30 --states 3 --emission gaussian --dim 2 \
+  --seed 3 --out hmm_gauss.h5
+"$caviar" -q generate hmm --sequences 60 --length 5-30 --states 3 --emission categorical \
+  --symbols 6 --seed 4 --out hmm_cat.h5
 /usr/bin/python3 -c '
 import h5py, numpy as np
 rng = np.random.default_rng(0)
@@ -75,6 +81,12 @@ run gmm-stick-breaking "${gmm[@]}" --weights stick-breaking --max-iter 10 --out 
 run lda-cavi lda fit --data lda.h5 --topics 3 --algorithm cavi --passes 3 --out lda_cavi.h5
 run lda-svi lda fit --data lda.h5 --topics 3 --algorithm svi --batch-size 64 --passes 2 \
   --out lda_svi.h5
+run plsa plsa fit --data lda.h5 --topics 3 --max-iter 5 --out plsa.h5 --doc-topics plsa_docs.h5 \
+  --checkpoint plsa_ck.h5 --checkpoint-every 2
+run hmm-em-full hmm fit --data hmm_gauss.h5 --states 3 --emission gaussian --covariance full \
+  --algorithm em --max-iter 5 --out hmm_em.h5 --posteriors hmm_em_post.h5
+run hmm-cavi-categorical hmm fit --data hmm_cat.h5 --states 3 --emission categorical \
+  --algorithm cavi --max-iter 5 --out hmm_cavi.h5 --checkpoint hmm_ck.h5 --checkpoint-every 2
 run vae-train vae train --data vae.h5:/train --hidden 8 --latent 2 --batch-size 64 --epochs 1 \
   --seed 5 --out vae_model.h5
 
