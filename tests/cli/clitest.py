@@ -2,6 +2,8 @@
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -77,3 +79,35 @@ def rank_pids(parent):
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 pids.append(int(d))
     return pids
+
+
+class Checks:
+    """A test script's checks and runs: `check` prints ok/FAIL and counts failures; `run` runs
+    caviar under `ranks` MPI ranks and `threads` OpenMP threads, and stops the script if a run
+    that should succeed fails; `finish` exits non-zero if any check failed."""
+
+    def __init__(self, caviar):
+        self.caviar = caviar
+        self.failures = 0
+
+    def check(self, cond, what):
+        print(("ok   " if cond else "FAIL ") + what, flush=True)
+        self.failures += 0 if cond else 1
+
+    def run(self, args, ranks=1, threads=1, ok=True):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        r = subprocess.run(mpirun(ranks) + [self.caviar] + args, capture_output=True, text=True,
+                           env=env, timeout=600)
+        if ok and r.returncode != 0:
+            print(r.stdout, r.stderr)
+            raise SystemExit(f"FAIL: caviar {' '.join(args)} exited {r.returncode}")
+        return r
+
+    def finish(self):
+        print("FAILED" if self.failures else "PASSED", f"({self.failures} failure(s))")
+        sys.exit(1 if self.failures else 0)
+
+
+def summary(r):
+    """The last line of a run's stdout, its JSON summary."""
+    return json.loads(r.stdout.strip().splitlines()[-1])

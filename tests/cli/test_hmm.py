@@ -28,31 +28,12 @@ import numpy as np
 from scipy.special import digamma, gammaln, multigammaln
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import fresh_workdir, h5_differences, mpirun  # noqa: E402
+from clitest import Checks, fresh_workdir, h5_differences, mpirun, summary  # noqa: E402
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
-failures = 0
-
-
-def check(cond, what):
-    global failures
-    print(("ok   " if cond else "FAIL ") + what)
-    failures += 0 if cond else 1
-
-
-def run(args, ranks=1, threads=1, ok=True):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    r = subprocess.run(mpirun(ranks) + [caviar] + args, capture_output=True, text=True, env=env,
-                       timeout=600)
-    if ok and r.returncode != 0:
-        print(r.stdout, r.stderr)
-        raise SystemExit(f"FAIL: caviar {' '.join(args)} exited {r.returncode}")
-    return r
-
-
-def summary(r):
-    return json.loads(r.stdout.strip().splitlines()[-1])
+checks = Checks(caviar)
+check, run = checks.check, checks.run
 
 
 def write_data(f, seqs):
@@ -520,5 +501,4 @@ err = [l for l in r.stderr.splitlines() if l.startswith("caviar: error:")]
 check(r.returncode == 1 and len(err) == 1 and "--algorithm" in err[0],
       f"resume with another --algorithm refused: {err}")
 
-print("FAILED" if failures else "PASSED", f"({failures} failure(s))")
-sys.exit(1 if failures else 0)
+checks.finish()
