@@ -78,29 +78,30 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_progress(ctx, "caviar lda fit: " + o->data + ", K=" + std::to_string(o->topics) + ", " +
                               o->algorithm + ", " + std::to_string(ctx.comm->size()) + " ranks x " +
                               std::to_string(max_threads()) + " threads");
-      const auto r = lda::fit(*ctx.comm, *o, [&ctx, o](const lda::Report& it) {
+      const auto r = lda::fit(*ctx.comm, *o, [&ctx, o](const engine::Report& it) {
         char line[200];
         std::snprintf(line, sizeof line, "%s %4d  elbo % .10e  perplexity %10.3f  %8.3fs",
-                      o->algorithm == "cavi" ? "iter" : "pass", it.iteration, it.elbo,
-                      it.perplexity, it.seconds);
+                      o->algorithm == "cavi" ? "iter" : "pass", it.iteration, it.objective,
+                      it.heldout, it.seconds);
         print_progress(ctx, line);
       });
       if (!o->out.empty()) print_progress(ctx, "wrote model " + o->out);
+      const engine::RunResult& run = r.run;
       nlohmann::ordered_json j;
-      j["elbo"] = r.elbo;
-      j["iterations"] = r.iterations;
-      j["converged"] = r.converged;
-      j["seconds"] = r.seconds;
+      j["elbo"] = r.elbo();
+      j["iterations"] = run.iterations;
+      j["converged"] = run.converged;
+      j["seconds"] = run.seconds;
       j["read_seconds"] = r.read_seconds;
       j["documents"] = r.documents;
       j["words"] = r.words;
       j["tokens"] = r.tokens;
       j["doc_sweeps"] = r.sweeps;
-      j["local_seconds_max"] = r.local_seconds_max;
-      j["local_seconds_min"] = r.local_seconds_min;
-      j["reduce_seconds_max"] = r.reduce_seconds_max;
+      j["local_seconds_max"] = run.local_seconds_max;
+      j["local_seconds_min"] = run.local_seconds_min;
+      j["reduce_seconds_max"] = run.reduce_seconds_max;
       j["reduced_rows"] = r.reduced_rows;
-      if (!r.trace_perplexity.empty()) j["perplexity"] = r.trace_perplexity.back();
+      if (!run.trace.heldout.empty()) j["perplexity"] = run.trace.heldout.back();
       j["ranks"] = ctx.comm->size();
       j["threads"] = max_threads();
       print_summary(ctx, j);

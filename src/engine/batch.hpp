@@ -60,14 +60,14 @@ struct BatchRun {
   std::int64_t global_rows = 0;  // every rank's
   Progress progress;             // called on every rank after each iteration (may be empty)
   std::function<double()>
-      heldout;  // collective held-out metric of the current state (may be empty)
+      heldout;                    // collective held-out metric of the current state (may be empty)
+  std::vector<Counter> counters;  // carried across a resume (engine/checkpoint.hpp)
 };
 
 namespace detail {
 inline std::vector<RowState> row_states(std::vector<LocalState> local, const BatchRun& run) {
   std::vector<RowState> out;
-  for (LocalState& l : local)
-    out.push_back({std::move(l.name), l.data, l.width, run.global_rows, run.rows});
+  for (LocalState& l : local) out.push_back({std::move(l), run.global_rows, run.rows});
   return out;
 }
 
@@ -95,6 +95,7 @@ RunResult fit_batch(M& model, const BatchRun& run) {
   Checkpointer& ck = *run.checkpoint;
   ck.restore_model([&](const StateReader& r) { model.load(r); });
   for (const RowState& s : detail::row_states(model.local_states(), run)) ck.restore_rows(s);
+  ck.restore_counters(run.counters);
   RunResult res;
   res.trace = ck.trace();
   FitClock clock(ck.elapsed());
@@ -105,7 +106,7 @@ RunResult fit_batch(M& model, const BatchRun& run) {
     // Iteration boundary: may checkpoint, or stop on a signal (every rank at once).
     ck.boundary(
         it, res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); },
-        detail::row_states(model.local_states(), run));
+        detail::row_states(model.local_states(), run), run.counters);
     stats.set_zero();
     const detail::Stopwatch local;
     model.local_step(stats, terms);

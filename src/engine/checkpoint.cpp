@@ -71,15 +71,35 @@ void Checkpointer::restore_rows(const RowState& s) const {
                 std::to_string(s.global_rows) + " x " + std::to_string(s.width) +
                 " (corrupt checkpoint?)");
   const io::RowMatrix m = io::read_rows(comm_, ref, shape, s.rows);
+  // Each rank checks its own rows; the lowest failing rank names its first bad one.
+  std::string err;
+  for (Eigen::Index i = 0; i < m.rows() && err.empty(); ++i)
+    if (!m.row(i).allFinite() || (s.positive && !(m.row(i).array() > 0).all()))
+      err = "--resume " + files_.resume + ": the " + s.name + " of " + s.row_noun + " " +
+            std::to_string(s.rows.begin + i) + " are not all " +
+            (s.positive ? "positive and finite" : "finite") + " (corrupt checkpoint?)";
+  comm_.raise_if_any(err);
   std::copy(m.data(), m.data() + m.size(), s.data);
+}
+
+void Checkpointer::restore_counters(std::span<const Counter> counters) const {
+  if (!resuming() || counters.empty()) return;
+  std::vector<std::int64_t> v(counters.size());
+  comm_.agree([&] {
+    const io::FileReader r(files_.resume);
+    const std::string bad = "--resume " + files_.resume + ": ";
+    for (std::size_t i = 0; i < counters.size(); ++i)
+      v[i] = ckpt::read_int(r, "counters." + counters[i].name, 0, ckpt::kMaxCount, bad);
+  });
+  for (std::size_t i = 0; i < counters.size(); ++i) *counters[i].value = comm_.is_root() ? v[i] : 0;
 }
 
 void Checkpointer::boundary(int iteration, const Trace& trace, double elapsed,
                             const std::function<void(StateWriter&)>& save,
-                            std::span<const RowState> rows) {
+                            std::span<const RowState> rows, std::span<const Counter> counters) {
   const ckpt::StopPoller::Decision d = poller_.poll(iteration);
   if (d.save && !files_.checkpoint.empty()) {
-    write(iteration, trace, elapsed, save, rows);
+    write(iteration, trace, elapsed, save, rows, counters);
     poller_.saved();
   }
   if (d.signal != 0)
@@ -88,8 +108,12 @@ void Checkpointer::boundary(int iteration, const Trace& trace, double elapsed,
 
 void Checkpointer::write(int iteration, const Trace& trace, double elapsed,
                          const std::function<void(StateWriter&)>& save,
-                         std::span<const RowState> rows) {
+                         std::span<const RowState> rows, std::span<const Counter> counters) {
+  std::vector<std::int64_t> sums;
+  for (const Counter& c : counters) sums.push_back(*c.value);
+  if (!sums.empty()) comm_.allreduce_sum(std::span<std::int64_t>(sums));
   io::ParallelRowWriter w(comm_, files_.checkpoint);
+  for (std::size_t i = 0; i < sums.size(); ++i) w.attr("counters." + counters[i].name, sums[i]);
   fp_->write(w);
   w.attr("iteration", static_cast<std::int64_t>(iteration));
   // Rank 0's clock, so that every rank writes the same attribute.

@@ -30,12 +30,19 @@
 namespace caviar::engine {
 
 // A model's per-row state: this rank's rows [rows.begin, rows.end) of a global_rows x width table.
-struct RowState {
-  std::string name;
-  double* data = nullptr;  // rows.size() x width, row-major
-  std::int64_t width = 0;
+// data holds rows.size() x width values, row-major.
+struct RowState : LocalState {
   std::int64_t global_rows = 0;
   RowRange rows;
+};
+
+// A count kept by every rank for the fit's summary (e.g. inner-loop sweeps), which a resumed fit
+// continues: the checkpoint stores the sum over ranks (attribute "counters.<name>"), and a resume
+// gives it back to rank 0 (every other rank restarts from 0), so the final sum over ranks is that
+// of an uninterrupted run.
+struct Counter {
+  std::string name;
+  std::int64_t* value = nullptr;
 };
 
 class Checkpointer {
@@ -54,17 +61,21 @@ class Checkpointer {
   Trace trace() const { return resuming() ? resumed_->trace : Trace{}; }
   // Resuming: the model's global state (load reads it from the checkpoint's "model/").
   void restore_model(const std::function<void(const StateReader&)>& load) const;
-  // Resuming: this rank's rows of a RowState (collective; checks the stored shape).
+  // Resuming: this rank's rows of a RowState (collective; checks the stored shape and values).
   void restore_rows(const RowState& s) const;
+  // Resuming: the counters' values (collective).
+  void restore_counters(std::span<const Counter> counters) const;
 
   // At an iteration boundary, on every rank: polls the signals, writes the checkpoint when due
   // (collective), and on a signal throws ckpt::Preempted on every rank.
   void boundary(int iteration, const Trace& trace, double elapsed,
-                const std::function<void(StateWriter&)>& save, std::span<const RowState> rows);
+                const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
+                std::span<const Counter> counters = {});
 
  private:
   void write(int iteration, const Trace& trace, double elapsed,
-             const std::function<void(StateWriter&)>& save, std::span<const RowState> rows);
+             const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
+             std::span<const Counter> counters);
   struct Resumed {
     int iteration = 0;
     double elapsed = 0;

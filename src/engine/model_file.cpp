@@ -8,18 +8,18 @@ namespace caviar::engine {
 
 void write_model_file(const Comm& comm, const std::string& out,
                       const std::function<void(StateWriter&)>& save, const RunResult& res,
-                      const Provenance& p) {
+                      const Provenance& p, const std::function<void(io::FileWriter&)>& extra) {
   comm.on_root([&] {
     io::FileWriter w(out);
     FileStateWriter sw(w);
     save(sw);
     const Trace& t = res.trace;
-    w.write("trace/objective", t.objective, {t.objective.size()});
+    w.write("trace/" + p.objective_name, t.objective, {t.objective.size()});
     w.write("trace/seconds", t.seconds, {t.seconds.size()});
-    if (!t.heldout.empty()) w.write("trace/heldout", t.heldout, {t.heldout.size()});
+    if (!t.heldout.empty()) w.write("trace/" + p.heldout_name, t.heldout, {t.heldout.size()});
     w.attr("model", p.model);
     w.attr("algorithm", p.algorithm);
-    w.attr("objective", t.objective.empty() ? 0.0 : t.objective.back());
+    w.attr(p.objective_name, t.objective.empty() ? 0.0 : t.objective.back());
     w.attr("n_iter", static_cast<std::int64_t>(res.iterations));
     w.attr("converged", static_cast<std::int64_t>(res.converged));
     w.attr("ranks", static_cast<std::int64_t>(comm.size()));
@@ -28,6 +28,7 @@ void write_model_file(const Comm& comm, const std::string& out,
     w.attr("data", p.data);
     w.attr("version", p.version);
     w.attr("command", p.command);
+    if (extra) extra(w);
     w.commit();
   });
 }

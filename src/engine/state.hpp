@@ -32,6 +32,11 @@ struct LocalState {
   std::string name;
   double* data = nullptr;
   std::int64_t width = 0;
+  // What a row read back from a checkpoint must hold: finite values, and positive ones if
+  // `positive` (e.g. Dirichlet parameters); a resume from rows that are not is refused with one
+  // line naming the first bad row ("the <name> of <row_noun> i ...").
+  bool positive = false;
+  std::string row_noun = "row";
 };
 
 class StateReader {

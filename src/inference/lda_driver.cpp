@@ -12,9 +12,14 @@
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
+#include "engine/batch.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/model_file.hpp"
+#include "engine/state_io.hpp"
 #include "inference/lda_checkpoint.hpp"
 #include "io/csr.hpp"
 #include "io/h5.hpp"
+#include "models/lda/batch.hpp"
 
 namespace caviar::lda {
 
@@ -92,21 +97,15 @@ void check_vocab(const Comm& comm, const LoadedModel& m, const io::DataRef& ref,
   });
 }
 
-void write_model_file(const std::string& out, const Model& m, const std::vector<std::string>& vocab,
-                      const std::function<void(io::FileWriter&)>& extra) {
+// An exchange file (lda export / import): the model's state, its vocabulary, and `extra`.
+void write_topics_file(const std::string& out, const Model& m,
+                       const std::vector<std::string>& vocab,
+                       const std::function<void(io::FileWriter&)>& extra) {
   io::FileWriter w(out);
-  const RowMatrix& lam = m.lambda();
-  const io::Dims kv{static_cast<std::uint64_t>(m.n_topics()),
-                    static_cast<std::uint64_t>(m.n_words())};
-  w.write("components", std::span<const double>(lam.data(), lam.size()), kv);
-  const RowMatrix beta = m.topic_word();
-  w.write("topic_word", std::span<const double>(beta.data(), beta.size()), kv);
+  engine::FileStateWriter sw(w);
+  m.save(sw);
   if (!vocab.empty()) w.write_strings("vocab", vocab);
   w.attr("model", std::string("lda"));
-  w.attr("alpha", m.alpha());
-  w.attr("eta", m.eta());
-  w.attr("n_topics", static_cast<std::int64_t>(m.n_topics()));
-  w.attr("n_words", m.n_words());
   if (extra) extra(w);
   w.commit();
 }
@@ -186,8 +185,9 @@ class BatchReducer {
 
 }  // namespace
 
-FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
-  const auto t0 = std::chrono::steady_clock::now();
+namespace {
+
+void check_options(const FitOptions& o) {
   if (o.topics < 1) throw Error("--topics must be >= 1 (got " + std::to_string(o.topics) + ")");
   if (o.algorithm != "cavi" && o.algorithm != "svi")
     throw Error("--algorithm must be cavi or svi (got '" + o.algorithm + "')");
@@ -199,19 +199,149 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (!(o.kappa > 0.5 && o.kappa <= 1)) throw Error("--kappa must be in (0.5, 1]");
   if (!(o.local.tol > 0)) throw Error("--doc-tol must be > 0");
   if (o.local.max_iter < 1) throw Error("--doc-max-iter must be >= 1");
-  const io::DataRef ref = io::DataRef::parse(o.data, "/");
-  std::vector<std::string> inputs{ref.file};
-  std::optional<io::DataRef> held;
-  if (!o.heldout.empty()) {
-    held = io::DataRef::parse(o.heldout, "/");
-    inputs.push_back(held->file);
-  }
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  // Checkpoint/resume and stop signals (inference/lda_checkpoint.hpp): the handlers are
-  // installed before the corpus is read, so that a signal while reading stops at the first
-  // boundary.
-  Checkpointer ck(comm, o, inputs);
+}
 
+// The files a fit reads, checked against --out before anything is read (collective).
+struct Inputs {
+  io::DataRef data;
+  std::optional<io::DataRef> heldout;
+  std::vector<std::string> files;
+};
+
+Inputs check_inputs(const Comm& comm, const FitOptions& o) {
+  Inputs in{io::DataRef::parse(o.data, "/"), std::nullopt, {}};
+  in.files.push_back(in.data.file);
+  if (!o.heldout.empty()) {
+    in.heldout = io::DataRef::parse(o.heldout, "/");
+    in.files.push_back(in.heldout->file);
+  }
+  if (!o.out.empty()) io::check_output_path(comm, o.out, in.files);
+  return in;
+}
+
+// The held-out corpus, whose vocabulary must be the training corpus's.
+Corpus read_heldout(const Comm& comm, const Inputs& in, const io::CorpusInfo& info,
+                    std::int64_t* n_docs) {
+  io::CorpusInfo hi;
+  Corpus c = io::read_corpus(comm, *in.heldout, &hi);
+  *n_docs = hi.n_docs;
+  if (hi.n_words != info.n_words)
+    throw Error("--heldout " + in.heldout->str() + " has " + std::to_string(hi.n_words) +
+                " words but " + in.data.str() + " has " + std::to_string(info.n_words));
+  return c;
+}
+
+// The model file of --out (collective): the engine's, with the names LDA's files have always
+// used (trace/elbo, trace/perplexity, attribute elbo), the vocabulary and the SVI settings.
+void write_model(const Comm& comm, const FitOptions& o, const Model& model, const io::DataRef& ref,
+                 std::int64_t n_docs, const engine::RunResult& run) {
+  engine::Provenance p{"lda", o.algorithm, o.data, o.command, o.version, o.seed};
+  p.objective_name = "elbo";
+  p.heldout_name = "perplexity";
+  engine::write_model_file(
+      comm, o.out, [&](engine::StateWriter& w) { model.save(w); }, run, p,
+      [&](io::FileWriter& w) {
+        const auto vocab = io::read_vocab(ref);
+        if (!vocab.empty()) w.write_strings("vocab", vocab);
+        w.attr("n_documents", n_docs);
+        w.attr("batch_size", static_cast<std::int64_t>(o.batch_size));
+        w.attr("tau0", o.tau0);
+        w.attr("kappa", o.kappa);
+        w.attr("stream", static_cast<std::int64_t>(o.stream));
+      });
+}
+
+// Batch CAVI on the engine's driver (models/lda/batch.hpp), in memory or --stream.
+FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progress,
+                   const Inputs& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // The stop-signal handlers are installed before the corpus is read, so that a signal while
+  // reading stops at the first boundary.
+  engine::Checkpointer ck(comm, {o.checkpoint, o.checkpoint_every, o.resume}, in.files, o.out);
+  io::CorpusInfo info;
+  Corpus corpus, piece;
+  std::vector<std::int64_t> indptr;  // --stream: the whole /indptr, and no documents
+  Pieces pieces;
+  RowRange rows;
+  if (!o.stream) {
+    corpus = io::read_corpus(comm, in.data, &info);
+    rows = {corpus.doc_begin, corpus.doc_begin + corpus.n_docs()};
+    pieces = {{{0, corpus.n_docs()}}, 1, [&](std::int64_t) -> const Corpus& { return corpus; }};
+  } else {
+    // The rank's documents (the split of read_corpus) in pieces of stream_piece_docs, read again
+    // every iteration; reads are collective, so every rank makes as many calls as the rank with
+    // the most pieces.
+    indptr = io::read_indptr(comm, in.data, &info);
+    if (o.stream_piece_docs < 1) throw Error("the stream piece size must be >= 1");
+    const auto [r0, r1] = io::document_range(indptr, comm.size(), comm.rank());
+    rows = {r0, r1};
+    for (std::int64_t a = r0; a < r1; a += o.stream_piece_docs)
+      pieces.ranges.push_back({a - r0, std::min(r1, a + o.stream_piece_docs) - r0});
+    pieces.calls = comm.allreduce_max(static_cast<std::int64_t>(pieces.ranges.size()));
+    // The reader keeps its own copy of the ranges (pieces moves into the model below).
+    pieces.read = [&, r0 = r0, ranges = pieces.ranges](std::int64_t i) -> const Corpus& {
+      const RowRange r = i < static_cast<std::int64_t>(ranges.size())
+                             ? ranges[static_cast<std::size_t>(i)]
+                             : RowRange{-r0, -r0};
+      piece = io::read_corpus_range(comm, in.data, indptr, info.n_words, r0 + r.begin, r0 + r.end);
+      return piece;
+    };
+  }
+  Corpus held;
+  std::int64_t held_docs = 0;
+  if (in.heldout) held = read_heldout(comm, in, info, &held_docs);
+  if (o.stream) {
+    // A first reading pass validates the pieces and counts the tokens, which set the fixed-point
+    // scale exactly as in memory, so the fit is the in-memory one bit for bit.
+    std::int64_t tokens = 0;
+    for (std::int64_t i = 0; i < pieces.calls; ++i)
+      tokens += static_cast<std::int64_t>(pieces.read(i).tokens());
+    comm.allreduce_sum(std::span<std::int64_t>(&tokens, 1));
+    info.tokens = static_cast<double>(tokens);
+  }
+  if (!(info.tokens > 0)) throw Error(in.data.str() + " has no tokens (every document is empty)");
+  FitResult res;
+  res.read_seconds = seconds_since(t0);
+  res.documents = info.n_docs;
+  res.words = info.n_words;
+  res.tokens = info.tokens;
+
+  const double alpha = o.alpha.value_or(1.0 / o.topics);
+  const double eta = o.eta.value_or(1.0 / o.topics);
+  Model model(o.topics, info.n_words, alpha, eta);
+  model.init_random(o.seed);
+  if (!o.checkpoint.empty() || !o.resume.empty())
+    ck.open(fingerprint(comm, o, in.data, info, o.stream ? &indptr : nullptr,
+                        in.heldout ? &*in.heldout : nullptr, alpha, eta));
+  BatchFit fit(model, std::move(pieces), info.tokens, o.local, ck.iteration() > 0);
+  engine::BatchRun run;
+  run.comm = &comm;
+  run.stop = {o.max_iter, o.tol};
+  run.checkpoint = &ck;
+  run.rows = rows;
+  run.global_rows = info.n_docs;
+  run.progress = progress;
+  if (in.heldout)
+    run.heldout = [&] {
+      return completion_score(comm, model, held, held_docs, o.local).perplexity;
+    };
+  run.counters = {{"doc_sweeps", &fit.sweeps()}};
+  res.run = engine::fit_batch(fit, run);
+  res.sweeps = fit.sweeps();
+  comm.allreduce_sum(std::span<std::int64_t>(&res.sweeps, 1));
+  if (!o.out.empty()) write_model(comm, o, model, in.data, info.n_docs, res.run);
+  return res;
+}
+
+// Stochastic variational inference (Hoffman, Blei & Bach 2010, Algorithm 2), in memory or
+// --stream, with its own checkpoint of the position inside a pass (inference/lda_checkpoint.hpp).
+FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progress,
+                  const Inputs& in) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const io::DataRef& ref = in.data;
+  // The stop-signal handlers are installed before the corpus is read, so that a signal while
+  // reading stops at the first boundary.
+  Checkpointer ck(comm, o, in.files);
   io::CorpusInfo info;
   Corpus corpus;
   std::vector<std::int64_t> indptr;  // --stream: the whole /indptr, and no documents
@@ -221,47 +351,13 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
     corpus = io::read_corpus(comm, ref, &info);
   Corpus held_corpus;
   std::int64_t held_docs = 0;
-  if (held) {
-    io::CorpusInfo hi;
-    held_corpus = io::read_corpus(comm, *held, &hi);
-    held_docs = hi.n_docs;
-    if (hi.n_words != info.n_words)
-      throw Error("--heldout " + held->str() + " has " + std::to_string(hi.n_words) +
-                  " words but " + ref.str() + " has " + std::to_string(info.n_words));
-  }
+  if (in.heldout) held_corpus = read_heldout(comm, in, info, &held_docs);
   FitResult res;
   res.read_seconds = seconds_since(t0);
   res.documents = info.n_docs;
   res.words = info.n_words;
   res.tokens = info.tokens;
-  // --stream CAVI: this rank's documents (the split of read_corpus) in pieces of
-  // stream_piece_docs documents, read again every iteration; only the gammas (K per document)
-  // stay in memory. A first reading pass validates them and counts the tokens, which set
-  // the fixed-point scale exactly as in memory, so the fit is the in-memory one bit for bit.
-  std::vector<std::pair<std::int64_t, std::int64_t>> cavi_pieces;
-  std::int64_t piece_calls = 0;
-  auto read_piece = [&](std::int64_t i) {
-    const auto [a, b] = i < static_cast<std::int64_t>(cavi_pieces.size())
-                            ? cavi_pieces[static_cast<std::size_t>(i)]
-                            : std::pair<std::int64_t, std::int64_t>{0, 0};
-    return io::read_corpus_range(comm, ref, indptr, info.n_words, a, b);
-  };
-  if (o.stream && o.algorithm == "cavi") {
-    const auto [r0, r1] = io::document_range(indptr, comm.size(), comm.rank());
-    if (o.stream_piece_docs < 1) throw Error("the stream piece size must be >= 1");
-    for (std::int64_t a = r0; a < r1; a += o.stream_piece_docs)
-      cavi_pieces.emplace_back(a, std::min(r1, a + o.stream_piece_docs));
-    // Collective reads: every rank makes as many calls as the rank with the most cavi_pieces.
-    piece_calls = comm.allreduce_max(static_cast<std::int64_t>(cavi_pieces.size()));
-    std::int64_t tokens = 0;
-    for (std::int64_t i = 0; i < piece_calls; ++i)
-      tokens += static_cast<std::int64_t>(read_piece(i).tokens());
-    comm.allreduce_sum(std::span<std::int64_t>(&tokens, 1));
-    info.tokens = static_cast<double>(tokens);
-    res.tokens = info.tokens;
-    res.read_seconds = seconds_since(t0);
-  }
-  if ((!o.stream || o.algorithm == "cavi") && !(info.tokens > 0))
+  if (!o.stream && !(info.tokens > 0))
     throw Error(ref.str() + " has no tokens (every document is empty)");
 
   const double alpha = o.alpha.value_or(1.0 / o.topics);
@@ -274,7 +370,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   double eval_seconds = 0;  // held-out evaluation is not part of the fit's time
   double local_seconds = 0, reduce_seconds = 0;
   BatchReducer reducer(info.n_words, o.topics);
-  ck.open(ref, info, o.stream ? &indptr : nullptr, held ? &*held : nullptr, alpha, eta);
+  ck.open(ref, info, o.stream ? &indptr : nullptr, in.heldout ? &*in.heldout : nullptr, alpha, eta);
   const Position start = ck.position();
   ck.restore(model, res);
   reducer.restore(start.reduced_rows, start.reductions);
@@ -285,81 +381,22 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   auto svi_position = [&](int pass, std::int64_t step, std::int64_t t, double pass_tokens) {
     return Position{pass, step, t, pass_tokens, reducer.rows_sum(), reducer.calls()};
   };
+  engine::Trace& trace = res.run.trace;
   auto report = [&](int it, double elbo) {
     const double secs = seconds_since(t0) - eval_seconds;
     double perp = std::numeric_limits<double>::quiet_NaN();
-    if (held) {
+    if (in.heldout) {
       const auto te = std::chrono::steady_clock::now();
       perp = completion_score(comm, model, held_corpus, held_docs, o.local).perplexity;
       eval_seconds += seconds_since(te);
+      trace.heldout.push_back(perp);
     }
-    res.trace.push_back(elbo);
-    res.trace_seconds.push_back(secs);
-    if (held) res.trace_perplexity.push_back(perp);
+    trace.objective.push_back(elbo);
+    trace.seconds.push_back(secs);
     if (progress) progress({it, elbo, perp, secs});
   };
 
-  if (o.algorithm == "cavi") {
-    // In memory, one piece: the rank's corpus. Each piece keeps its documents' gammas.
-    std::vector<RowMatrix> gammas(o.stream ? cavi_pieces.size() : 1);
-    std::vector<double> piece_terms;
-    // Resuming after iteration 0: this rank's documents' gammas, whatever rank count wrote them
-    // (collective: every rank reads its own rows).
-    if (!o.stream) {
-      RowMatrix g = ck.gammas(corpus.doc_begin, corpus.doc_begin + corpus.n_docs());
-      if (g.size() > 0) gammas[0] = std::move(g);
-    } else {
-      const std::int64_t a = cavi_pieces.empty() ? 0 : cavi_pieces.front().first;
-      const std::int64_t b = cavi_pieces.empty() ? 0 : cavi_pieces.back().second;
-      const RowMatrix g = ck.gammas(a, b);
-      if (g.size() > 0)
-        for (std::size_t i = 0; i < cavi_pieces.size(); ++i) {
-          const auto [p0, p1] = cavi_pieces[i];
-          gammas[i] = g.middleRows(p0 - a, p1 - p0);
-        }
-    }
-    for (int it = start.iteration;; ++it) {
-      // Iteration boundary: may checkpoint, or stop on a signal (every rank at once).
-      ck.boundary({it, 0, 0, 0, 0, 0}, model, res, elapsed(), gammas, {});
-      // Local step warm-started from the previous gammas: every sweep is a coordinate ascent
-      // step, so the ELBO can only increase.
-      stats.set_zero();
-      const auto tl = std::chrono::steady_clock::now();
-      if (!o.stream) {
-        const auto docs = iota(corpus.n_docs());
-        terms.resize(docs.size());
-        res.sweeps += model.local_step(corpus, docs, gammas[0], it > 0, &stats, terms, o.local);
-      } else {
-        terms.clear();
-        for (std::int64_t i = 0; i < piece_calls; ++i) {
-          const Corpus piece = read_piece(i);
-          if (i >= static_cast<std::int64_t>(cavi_pieces.size())) continue;
-          const auto docs = iota(piece.n_docs());
-          piece_terms.resize(docs.size());
-          res.sweeps += model.local_step(piece, docs, gammas[static_cast<std::size_t>(i)], it > 0,
-                                         &stats, piece_terms, o.local);
-          terms.insert(terms.end(), piece_terms.begin(), piece_terms.end());
-        }
-      }
-      local_seconds += seconds_since(tl);
-      const auto tr = std::chrono::steady_clock::now();
-      comm.allreduce_sum(stats.buffer());
-      reduce_seconds += seconds_since(tr);
-      const double elbo = exact_sum(comm, terms) + model.global_elbo();
-      if (!std::isfinite(elbo))
-        throw Error("the ELBO is not finite at iteration " + std::to_string(it));
-      const double prev =
-          res.trace.empty() ? std::numeric_limits<double>::quiet_NaN() : res.trace.back();
-      report(it, elbo);
-      res.iterations = it;
-      if (it > 0 && std::abs(elbo - prev) / std::abs(elbo) < o.tol) {
-        res.converged = true;
-        break;
-      }
-      if (it >= o.max_iter) break;
-      model.update(stats);  // lambda = eta + S (Hoffman, Blei & Bach 2010, Algorithm 1)
-    }
-  } else if (o.stream) {
+  if (o.stream) {
     const std::int64_t d_total = info.n_docs;
     const std::int64_t n_blocks = (d_total + kBlockRows - 1) / kBlockRows;
     auto block_size = [&](std::int64_t b) {
@@ -380,7 +417,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
       std::int64_t step = resumed ? start.step : 0;
       for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
-        ck.boundary(svi_position(pass, step, t, tokens), model, res, elapsed(), {}, pass_terms);
+        ck.boundary(svi_position(pass, step, t, tokens), model, res, elapsed(), pass_terms);
         const std::int64_t b1 = std::min(d_total, b0 + o.batch_size), n = b1 - b0;
         // This rank's share of the minibatch: positions [q0, q1), a few contiguous pieces.
         const std::int64_t q0 = b0 + n * comm.rank() / comm.size();
@@ -435,9 +472,9 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       if (pass == 0) res.tokens = tokens;
       const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
       report(pass, elbo);
-      res.iterations = pass + 1;
+      res.run.iterations = pass + 1;
     }
-    res.converged = true;
+    res.run.converged = true;
   } else {
     const std::int64_t d_total = info.n_docs;
     const std::int64_t lo = corpus.doc_begin, hi = corpus.doc_begin + corpus.n_docs();
@@ -452,7 +489,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
       std::int64_t step = resumed ? start.step : 0;
       for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
-        ck.boundary(svi_position(pass, step, t, 0), model, res, elapsed(), {}, pass_terms);
+        ck.boundary(svi_position(pass, step, t, 0), model, res, elapsed(), pass_terms);
         const std::int64_t b1 = std::min(d_total, b0 + o.batch_size);
         local.clear();
         for (std::int64_t i = b0; i < b1; ++i)
@@ -477,47 +514,27 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
       // The pass's ELBO estimate: document terms as they were visited, plus the global terms.
       const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
       report(pass, elbo);
-      res.iterations = pass + 1;
+      res.run.iterations = pass + 1;
     }
-    res.converged = true;
+    res.run.converged = true;
   }
-  std::int64_t sweeps = res.sweeps;
-  comm.allreduce_sum(std::span<std::int64_t>(&sweeps, 1));
-  res.sweeps = sweeps;
-  res.elbo = res.trace.back();
-  res.seconds = seconds_since(t0) - eval_seconds;
-  res.local_seconds_max = comm.allreduce_max(local_seconds);
-  res.local_seconds_min = -comm.allreduce_max(-local_seconds);
-  res.reduce_seconds_max = comm.allreduce_max(reduce_seconds);
+  comm.allreduce_sum(std::span<std::int64_t>(&res.sweeps, 1));
+  res.run.seconds = seconds_since(t0) - eval_seconds;
+  res.run.local_seconds_max = comm.allreduce_max(local_seconds);
+  res.run.local_seconds_min = -comm.allreduce_max(-local_seconds);
+  res.run.reduce_seconds_max = comm.allreduce_max(reduce_seconds);
   res.reduced_rows = reducer.mean_rows();
-
-  if (!o.out.empty()) {
-    comm.on_root([&] {
-      const auto vocab = io::read_vocab(ref);
-      write_model_file(o.out, model, vocab, [&](io::FileWriter& w) {
-        w.write("trace/elbo", res.trace, {res.trace.size()});
-        w.write("trace/seconds", res.trace_seconds, {res.trace_seconds.size()});
-        if (!res.trace_perplexity.empty())
-          w.write("trace/perplexity", res.trace_perplexity, {res.trace_perplexity.size()});
-        w.attr("algorithm", o.algorithm);
-        w.attr("elbo", res.elbo);
-        w.attr("n_iter", static_cast<std::int64_t>(res.iterations));
-        w.attr("converged", static_cast<std::int64_t>(res.converged));
-        w.attr("n_documents", info.n_docs);
-        w.attr("ranks", static_cast<std::int64_t>(comm.size()));
-        w.attr("threads", static_cast<std::int64_t>(max_threads()));
-        w.attr("seed", static_cast<std::int64_t>(o.seed));
-        w.attr("batch_size", static_cast<std::int64_t>(o.batch_size));
-        w.attr("tau0", o.tau0);
-        w.attr("kappa", o.kappa);
-        w.attr("data", o.data);
-        w.attr("stream", static_cast<std::int64_t>(o.stream));
-        w.attr("version", o.version);
-        w.attr("command", o.command);
-      });
-    });
-  }
+  if (!o.out.empty()) write_model(comm, o, model, ref, info.n_docs, res.run);
   return res;
+}
+
+}  // namespace
+
+FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
+  check_options(o);
+  const Inputs in = check_inputs(comm, o);
+  if (o.algorithm == "cavi") return fit_cavi(comm, o, progress, in);
+  return fit_svi(comm, o, progress, in);
 }
 
 ScoreResult score(const Comm& comm, const std::string& model_file, const std::string& data,
@@ -559,7 +576,7 @@ void export_topics(const Comm& comm, const std::string& model_file, const std::s
   io::check_output_path(comm, out, {model_file});
   comm.on_root([&] {
     const LoadedModel m = load_model(model_file);
-    write_model_file(out, m.model, m.vocab, nullptr);
+    write_topics_file(out, m.model, m.vocab, nullptr);
   });
 }
 
@@ -597,7 +614,7 @@ void import_topics(const Comm& comm, const std::string& components, std::optiona
     if (!vocab.empty() && static_cast<std::int64_t>(vocab.size()) != m.n_words())
       throw Error("the vocabulary has " + std::to_string(vocab.size()) + " words but " + ref.str() +
                   " has " + std::to_string(m.n_words()) + " columns");
-    write_model_file(out, m, vocab, [&](io::FileWriter& w) {
+    write_topics_file(out, m, vocab, [&](io::FileWriter& w) {
       w.attr("algorithm", std::string("imported"));
       w.attr("source", ref.str());
       w.attr("command", command);

@@ -11,6 +11,7 @@
 
 #include "comm/comm.hpp"
 #include "engine/reduce.hpp"
+#include "engine/run.hpp"
 #include "models/lda/lda.hpp"
 
 namespace caviar::lda {
@@ -40,31 +41,23 @@ struct FitOptions {
   std::string command, version;
 };
 
-struct Report {
-  int iteration;      // CAVI iteration or SVI pass
-  double elbo;        // CAVI: the ELBO; SVI: the pass's running estimate
-  double perplexity;  // NaN without --heldout
-  double seconds;     // since the start of the fit, excluding held-out evaluation
-};
-
 struct FitResult {
-  double elbo = 0;  // CAVI: final ELBO; SVI: last pass's estimate
-  int iterations = 0;
-  bool converged = false;
-  double seconds = 0;
+  // Traces (objective: CAVI's ELBO, SVI's per-pass estimate; heldout: perplexity), iterations
+  // (CAVI) or passes (SVI), convergence, and where the time went (engine/run.hpp).
+  engine::RunResult run;
+  double elbo() const { return run.trace.objective.back(); }
   double read_seconds = 0;
   std::int64_t documents = 0, words = 0;
   double tokens = 0;
-  std::vector<double> trace, trace_seconds, trace_perplexity;
-  std::int64_t sweeps = 0;  // document fixed-point sweeps (all ranks)
-  // Where the time went (seconds of the fit, excluding held-out evaluation): the local steps,
-  // slowest and fastest rank; the statistics' reductions (with any wait for other ranks), slowest
-  // rank; and the share of the K x V rows an SVI reduction moved, averaged over minibatches.
-  double local_seconds_max = 0, local_seconds_min = 0, reduce_seconds_max = 0;
+  // Document fixed-point sweeps (all ranks) of this run (after a CAVI resume: since the resume).
+  std::int64_t sweeps = 0;
+  // The share of the K x V rows an SVI reduction moved, averaged over minibatches.
   double reduced_rows = 1;
 };
 
-using Progress = std::function<void(const Report&)>;
+// Called on every rank after each CAVI iteration or SVI pass (objective: the ELBO or its
+// estimate; heldout: the perplexity, NaN without --heldout).
+using Progress = engine::Progress;
 FitResult fit(const Comm& comm, const FitOptions& opt, const Progress& progress);
 
 struct ScoreResult {

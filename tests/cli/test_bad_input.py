@@ -143,7 +143,7 @@ def main():
     # does not hold.
     shutil.copyfile(p("lda_ck.h5"), p("lda_ck_neg_gamma.h5"))
     with h5py.File(p("lda_ck_neg_gamma.h5"), "r+") as f:
-        f["gamma"][7, 1] = -1e-300
+        f["rows/gammas"][7, 1] = -1e-300
     shutil.copyfile(p("lda_a.h5"), p("lda_unstored.h5"))
     with h5py.File(p("lda_unstored.h5"), "r+") as f:
         del f["indptr"]

@@ -128,13 +128,13 @@ void expect_same_fit(const std::string& algorithm, bool stream = false) {
     // Bit for bit: the statistics are summed as integers.
     EXPECT_EQ(components(tmp("fit_" + name + "_world.h5")), components(o.out));
     EXPECT_EQ(rw.tokens, rs.tokens);
-    EXPECT_EQ(rw.trace, rs.trace);
-    EXPECT_EQ(rw.trace_perplexity, rs.trace_perplexity);
+    EXPECT_EQ(rw.run.trace.objective, rs.run.trace.objective);
+    EXPECT_EQ(rw.run.trace.heldout, rs.run.trace.heldout);
     EXPECT_EQ(rw.sweeps, rs.sweeps);
   }
   world().barrier();
   const auto sw = lda::score(world(), tmp("fit_" + name + "_world.h5"), tmp("heldout.h5"), {});
-  EXPECT_EQ(sw.perplexity, rw.trace_perplexity.back());
+  EXPECT_EQ(sw.perplexity, rw.run.trace.heldout.back());
   EXPECT_LT(sw.perplexity, 300.0);  // far better than the uniform model
 }
 
@@ -161,11 +161,11 @@ TEST(LdaMpi, StreamedCaviEqualsInMemory) {
   o.stream = true;
   o.out = tmp("cavi_stream.h5");
   const auto b = lda::fit(world(), o, nullptr);
-  EXPECT_EQ(a.trace, b.trace);
-  EXPECT_EQ(a.trace_perplexity, b.trace_perplexity);
+  EXPECT_EQ(a.run.trace.objective, b.run.trace.objective);
+  EXPECT_EQ(a.run.trace.heldout, b.run.trace.heldout);
   EXPECT_EQ(a.sweeps, b.sweeps);
   EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_GT(a.trace.size(), 5u);
+  EXPECT_GT(a.run.trace.objective.size(), 5u);
   if (world().is_root()) {
     EXPECT_EQ(components(tmp("cavi_memory.h5")), components(o.out));
   }
@@ -265,7 +265,7 @@ TEST(LdaMpi, EmptyDocumentsAreAllowed) {
   const auto r = lda::fit(world(), o, nullptr);
   EXPECT_EQ(r.documents, 5);
   EXPECT_EQ(r.tokens, 9);
-  EXPECT_TRUE(std::isfinite(r.elbo));
+  EXPECT_TRUE(std::isfinite(r.elbo()));
 }
 
 }  // namespace

@@ -225,7 +225,7 @@ TEST(Lda, ThreadsDoNotChangeStatistics) {
   b.set_zero();
   m.local_step(s.corpus, docs, gb, false, &b, tb, {});
   omp_set_num_threads(1);
-  EXPECT_TRUE(std::equal(a.buffer().begin(), a.buffer().end(), b.buffer().begin()));
+  EXPECT_TRUE(std::equal(a.words().begin(), a.words().end(), b.words().begin()));
   EXPECT_EQ(ga, gb);
   EXPECT_EQ(ta, tb);
   EXPECT_EQ(sa, sb);

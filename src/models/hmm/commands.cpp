@@ -251,7 +251,7 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
     std::vector<double> g(static_cast<std::size_t>(d.steps.size() * o.states));
     model.posteriors(d.seqs, g);
     engine::write_rows_file(comm, o.posteriors,
-                            {"posteriors", g.data(), o.states, d.summary.steps, d.steps});
+                            {{"posteriors", g.data(), o.states}, d.summary.steps, d.steps});
     print_progress(ctx, "wrote " + o.posteriors + ":/posteriors");
   }
   auto j = engine::summary(ctx, res);

@@ -190,7 +190,7 @@ constexpr std::int64_t kLanes = 8;  // padding unit of the document kernels (one
 // order and the result is the same whatever the compiler's vectorisation choices.
 using V8 = double __attribute__((vector_size(8 * sizeof(double))));
 
-inline V8 load(const double* p) {
+inline V8 load8(const double* p) {
   V8 v;
   std::memcpy(&v, p, sizeof v);
   return v;
@@ -327,10 +327,10 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           for (int k = 0; k < K; ++k) {
             const double* bk = bt + k * mp + j;
             const V8 e = splat(et[k]);
-            n0 += e * load(bk);
-            n1 += e * load(bk + kLanes);
-            n2 += e * load(bk + 2 * kLanes);
-            n3 += e * load(bk + 3 * kLanes);
+            n0 += e * load8(bk);
+            n1 += e * load8(bk + kLanes);
+            n2 += e * load8(bk + 2 * kLanes);
+            n3 += e * load8(bk + 3 * kLanes);
           }
           store(norm + j, n0);
           store(norm + j + kLanes, n1);
@@ -339,11 +339,11 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         }
         for (; j < mp; j += kLanes) {
           V8 n0{};
-          for (int k = 0; k < K; ++k) n0 += splat(et[k]) * load(bt + k * mp + j);
+          for (int k = 0; k < K; ++k) n0 += splat(et[k]) * load8(bt + k * mp + j);
           store(norm + j, n0);
         }
         const V8 tiny = splat(1e-100);
-        for (j = 0; j < mp; j += kLanes) store(ratio + j, load(cnt + j) / (load(norm + j) + tiny));
+        for (j = 0; j < mp; j += kLanes) store(ratio + j, load8(cnt + j) / (load8(norm + j) + tiny));
       };
       // acc_k = sum_w ratio_w b_wk: four topics at a time, eight words per vector, summed over
       // the lanes in a fixed order at the end.
@@ -353,11 +353,11 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           const double* b0 = bt + k * mp;
           V8 a0{}, a1{}, a2{}, a3{};
           for (std::int64_t j = 0; j < mp; j += kLanes) {
-            const V8 r = load(ratio + j);
-            a0 += r * load(b0 + j);
-            a1 += r * load(b0 + mp + j);
-            a2 += r * load(b0 + 2 * mp + j);
-            a3 += r * load(b0 + 3 * mp + j);
+            const V8 r = load8(ratio + j);
+            a0 += r * load8(b0 + j);
+            a1 += r * load8(b0 + mp + j);
+            a2 += r * load8(b0 + 2 * mp + j);
+            a3 += r * load8(b0 + 3 * mp + j);
           }
           acc[k] = lane_sum(a0);
           acc[k + 1] = lane_sum(a1);
@@ -367,7 +367,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         for (; k < K; ++k) {
           const double* bk = bt + k * mp;
           V8 a0{};
-          for (std::int64_t j = 0; j < mp; j += kLanes) a0 += load(ratio + j) * load(bk + j);
+          for (std::int64_t j = 0; j < mp; j += kLanes) a0 += load8(ratio + j) * load8(bk + j);
           acc[k] = lane_sum(a0);
         }
       };
@@ -400,7 +400,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         // Padding words have n_w = 0 and add nothing.
         for (std::int64_t j = 0; j < mp; ++j) ratio_log[j] = cnt[j] * fast::log(norm[j] + 1e-100);
         V8 t{};
-        for (std::int64_t j = 0; j < mp; j += kLanes) t += load(ratio_log + j);
+        for (std::int64_t j = 0; j < mp; j += kLanes) t += load8(ratio_log + j);
         double term = lane_sum(t) + lg_dir_prior;
         double sum = 0;
         for (int k = 0; k < K; ++k) {
@@ -537,6 +537,24 @@ RowMatrix Model::topic_word() const {
   RowMatrix b = lambda();
   for (int k = 0; k < k_; ++k) b.row(k) /= b.row(k).sum();
   return b;
+}
+
+void Model::save(engine::StateWriter& w) const {
+  const engine::Dims kv{static_cast<std::uint64_t>(k_), static_cast<std::uint64_t>(v_)};
+  const RowMatrix lam = lambda();
+  w.array("components", std::span<const double>(lam.data(), lam.size()), kv);
+  const RowMatrix beta = topic_word();
+  w.array("topic_word", std::span<const double>(beta.data(), beta.size()), kv);
+  w.attr("alpha", alpha_);
+  w.attr("eta", eta_);
+  w.attr("n_topics", static_cast<std::int64_t>(k_));
+  w.attr("n_words", v_);
+}
+
+void Model::load(const engine::StateReader& r) {
+  const auto lam =
+      r.array("components", {static_cast<std::uint64_t>(k_), static_cast<std::uint64_t>(v_)});
+  set_lambda(Eigen::Map<const RowMatrix>(lam.data(), k_, v_));
 }
 
 void Model::completion(const Corpus& c, std::span<double> log_prob, std::span<double> n_heldout,

@@ -21,6 +21,7 @@
 
 #include "core/fixed_point.hpp"
 #include "data/corpus.hpp"
+#include "engine/state.hpp"
 
 namespace caviar::lda {
 
@@ -43,8 +44,8 @@ using caviar::fixed_point_scale;  // core/fixed_point.hpp
 class Stats {
  public:
   Stats(int n_topics, std::int64_t n_words, double scale);
-  std::span<std::int64_t> buffer() { return buf_; }
-  std::span<const std::int64_t> buffer() const { return buf_; }
+  std::span<std::int64_t> words() { return buf_; }
+  std::span<const std::int64_t> words() const { return buf_; }
   void set_zero();
   double scale() const { return scale_; }
   void set_scale(double scale) { scale_ = scale; }  // only between set_zero() and accumulation
@@ -120,6 +121,13 @@ class Model {
 
   // E[beta_kw] = lambda_kw / sum_w lambda_kw.
   RowMatrix topic_word() const;
+
+  // The global state: components (lambda, K x V), topic_word (E[beta], for readers of the file),
+  // and the attributes alpha, eta, n_topics, n_words. load() reads lambda back (set_lambda, which
+  // recomputes every derived quantity by the code the fit used); alpha and eta are the
+  // constructor's.
+  void save(engine::StateWriter& w) const;
+  void load(const engine::StateReader& r);
 
  private:
   std::int64_t local_step_seeded(const Corpus& c, std::span<const std::int64_t> docs,

@@ -124,8 +124,7 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
   }
   if (!o.doc_topics.empty()) {
     auto mine = model.local_states().front();
-    engine::write_rows_file(comm, o.doc_topics,
-                            {mine.name, mine.data, mine.width, info.n_docs, run.rows});
+    engine::write_rows_file(comm, o.doc_topics, {mine, info.n_docs, run.rows});
     print_progress(ctx, "wrote " + o.doc_topics + ":/" + mine.name);
   }
   auto j = engine::summary(ctx, res);
