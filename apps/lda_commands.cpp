@@ -40,10 +40,12 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       ->capture_default_str();
   fit->add_option("--alpha", o->alpha, "Document-topic Dirichlet prior (default 1/K)");
   fit->add_option("--eta", o->eta, "Topic-word Dirichlet prior (default 1/K)");
-  fit->add_option("--max-iter", o->max_iter, "CAVI: maximum iterations")->capture_default_str();
+  fit->add_option("--max-iter", o->max_iter,
+                  "At most this many iterations (cavi) or passes over the corpus (svi) [default: "
+                  "100 for cavi, 10 for svi]");
   fit->add_option("--tol", o->tol, "CAVI: stop at this relative ELBO change (0: never)")
       ->capture_default_str();
-  fit->add_option("--passes", o->passes, "SVI: passes over the corpus")->capture_default_str();
+  engine::add_renamed_option(fit, "--passes", "--max-iter", o->max_iter, ctx);
   fit->add_option("--batch-size", o->batch_size, "SVI: documents per global minibatch")
       ->capture_default_str();
   fit->add_option("--tau0", o->tau0, "SVI: step size offset, rho_t = (tau0 + t)^-kappa")

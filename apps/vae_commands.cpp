@@ -56,8 +56,9 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
   train->add_option("--hidden", *hidden, "Hidden widths, comma-separated (e.g. 512,256)")
       ->capture_default_str();
   train->add_option("--latent", o->latent, "Latent dimension Z")->capture_default_str();
-  train->add_option("--epochs", o->epochs, "Epochs (total, including resumed ones)")
+  train->add_option("--max-iter", o->epochs, "Epochs (total, including resumed ones)")
       ->capture_default_str();
+  engine::add_renamed_option(train, "--epochs", "--max-iter", o->epochs, ctx);
   train->add_option("--batch-size", o->batch_size, "Global minibatch size B (split over ranks)")
       ->capture_default_str();
   train->add_option("--lr", o->lr, "Adam learning rate")->capture_default_str();

@@ -48,9 +48,9 @@ def workloads(path, make):
         "lda-cavi": ["lda", "fit", "--data", corpus, "-k", "20", "--algorithm", "cavi",
                      "--max-iter", "5", "--tol", "0"],
         "lda-svi": ["lda", "fit", "--data", corpus, "-k", "20", "--algorithm", "svi",
-                    "--passes", "2"],
+                    "--max-iter", "2"],
         "vae": ["vae", "train", "--data", path("bin.h5") + ":/X", "--hidden", "200",
-                "--latent", "10", "--epochs", "2", "--batch-size", "100"],
+                "--latent", "10", "--max-iter", "2", "--batch-size", "100"],
     }
 
 

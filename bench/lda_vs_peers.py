@@ -101,7 +101,7 @@ for rep in range(args.repeat):
         load = loadavg()
         t0 = time.perf_counter()
         s = caviar(["lda", "fit", "--data", args.train, "--topics", str(K), "--algorithm", "svi",
-                    "--passes", str(args.passes), "--batch-size", str(args.batch_size),
+                    "--max-iter", str(args.passes), "--batch-size", str(args.batch_size),
                     "--tau0", "10", "--kappa", "0.7", "--out", out, "--heldout", args.test],
                    ranks=r, binary=binary)
         wall = time.perf_counter() - t0

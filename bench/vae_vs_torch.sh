@@ -19,7 +19,7 @@ data="$work/fmnist.h5"
 [[ -f "$data" ]] || "$caviar" prep fashion-mnist --out "$data" >/dev/null
 
 common=(vae train --data "$data:/train/images" --test "$data:/test/images" --hidden 400
-        --latent 20 --epochs "$epochs" --batch-size 100 --lr 1e-3 --seed 1)
+        --latent 20 --max-iter "$epochs" --batch-size 100 --lr 1e-3 --seed 1)
 
 echo "# machine load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 torch_json=$($py "$here/vae_vs_torch.py" --data "$data" --epochs "$epochs" --threads 2)

@@ -78,8 +78,8 @@ run gmm-svi-stream "${gmm[@]}" --algorithm svi --stream --init random --batch-si
 run gmm-em "${gmm[@]}" --algorithm em --max-iter 10 --out em.h5 --labels em_labels.h5
 run gmm-stick-breaking "${gmm[@]}" --weights stick-breaking --max-iter 10 --out dp.h5 \
   --heldout gmm.h5:/X
-run lda-cavi lda fit --data lda.h5 --topics 3 --algorithm cavi --passes 3 --out lda_cavi.h5
-run lda-svi lda fit --data lda.h5 --topics 3 --algorithm svi --batch-size 64 --passes 2 \
+run lda-cavi lda fit --data lda.h5 --topics 3 --algorithm cavi --max-iter 3 --out lda_cavi.h5
+run lda-svi lda fit --data lda.h5 --topics 3 --algorithm svi --batch-size 64 --max-iter 2 \
   --out lda_svi.h5
 run plsa plsa fit --data lda.h5 --topics 3 --max-iter 5 --out plsa.h5 --doc-topics plsa_docs.h5 \
   --checkpoint plsa_ck.h5 --checkpoint-every 2
@@ -87,7 +87,7 @@ run hmm-em-full hmm fit --data hmm_gauss.h5 --states 3 --emission gaussian --cov
   --algorithm em --max-iter 5 --out hmm_em.h5 --posteriors hmm_em_post.h5
 run hmm-cavi-categorical hmm fit --data hmm_cat.h5 --states 3 --emission categorical \
   --algorithm cavi --max-iter 5 --out hmm_cavi.h5 --checkpoint hmm_ck.h5 --checkpoint-every 2
-run vae-train vae train --data vae.h5:/train --hidden 8 --latent 2 --batch-size 64 --epochs 1 \
+run vae-train vae train --data vae.h5:/train --hidden 8 --latent 2 --batch-size 64 --max-iter 1 \
   --seed 5 --out vae_model.h5
 
 if [ "${#failed[@]}" -ne 0 ]; then

@@ -86,7 +86,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     doc_topic_prior (--alpha), topic_word_prior (--eta), learning_method 'batch' (cavi) or
     'online' (svi), learning_decay (--kappa, caviar needs (0.5, 1]), learning_offset
     (--tau0 learning_offset + 1: the same step sizes rho_t),
-    max_iter (batch: --max-iter; online: --passes), batch_size (--batch-size),
+    max_iter (--max-iter: iterations, or passes when online), batch_size (--batch-size),
     mean_change_tol (--doc-tol), max_doc_update_iter (--doc-max-iter), random_state (--seed).
     Differences:
 
@@ -198,8 +198,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                     "--doc-tol", repr(float(self.mean_change_tol)),
                     "--doc-max-iter", self.max_doc_update_iter,
                     "--seed", _seed(self.random_state), "--out", model]
-            args += ["--passes", self.max_iter] if online else [
-                "--max-iter", self.max_iter, "--tol", repr(float(self.tol))]
+            args += ["--max-iter", self.max_iter]
+            if not online:
+                args += ["--tol", repr(float(self.tol))]
             if self.doc_topic_prior is not None:
                 args += ["--alpha", repr(float(self.doc_topic_prior))]
             if self.topic_word_prior is not None:

@@ -16,6 +16,10 @@ void print_progress(const Context& ctx, const std::string& line) {
   if (!ctx.quiet && ctx.comm->is_root()) std::cerr << (line + '\n') << std::flush;
 }
 
+void note(const Context& ctx, const std::string& line) {
+  if (ctx.comm->is_root()) std::cerr << ("caviar: note: " + line + '\n') << std::flush;
+}
+
 void add_stop_options(CLI::App* c, StopRule& s) {
   c->add_option("--max-iter", s.max_iter, "At most this many iterations (updates)")
       ->check(CLI::NonNegativeNumber)

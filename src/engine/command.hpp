@@ -26,9 +26,26 @@ struct Context {
 void print_summary(const Context& ctx, const nlohmann::ordered_json& j);
 // Rank 0 prints a progress line on stderr (unless --quiet).
 void print_progress(const Context& ctx, const std::string& line);
+// Rank 0 prints "caviar: note: <line>" on stderr (even with --quiet).
+void note(const Context& ctx, const std::string& line);
 
 // --max-iter, --tol.
 void add_stop_options(CLI::App* c, StopRule& s);
+
+// An option under a name being retired in favour of `replacement` (an option of c): it still
+// sets `target`, is listed under "Deprecated" in --help, cannot be given with its replacement,
+// and using it prints one note on stderr (rank 0).
+template <class T>
+CLI::Option* add_renamed_option(CLI::App* c, const std::string& old_name,
+                                const std::string& replacement, T& target, const Context& ctx) {
+  const Context* x = &ctx;
+  return c->add_option(old_name, target, "Use " + replacement)
+      ->group("Deprecated")
+      ->excludes(replacement)
+      ->each([x, old_name, replacement](const std::string&) {
+        note(*x, old_name + " is deprecated and will be removed; use " + replacement);
+      });
+}
 // --checkpoint, --checkpoint-every, --resume, and the exit-code footer.
 void add_checkpoint_options(CLI::App* c, CheckpointFiles& f);
 // The summary fields every fit reports: objective, iterations, converged, seconds, the timing

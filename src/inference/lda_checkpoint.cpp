@@ -92,9 +92,9 @@ void Checkpointer::open(const io::DataRef& ref, const io::CorpusInfo& info,
         run.trace.objective.size() != static_cast<std::size_t>(p.iteration) ||
         run.trace.seconds.size() != run.trace.objective.size())
       throw Error(bad + "its position and traces disagree (corrupt checkpoint?)");
-    if (p.iteration >= o_.passes)
+    if (p.iteration >= o_.iterations())
       throw Error(bad + "it stopped in pass " + std::to_string(p.iteration + 1) +
-                  ", beyond this run's --passes " + std::to_string(o_.passes));
+                  ", beyond this run's --max-iter " + std::to_string(o_.iterations()));
     s.pass_terms = ckpt::read_vec(r, "/pass_terms");
     if (s.pass_terms.size() > static_cast<std::size_t>(info.n_docs))
       throw Error(bad + "it holds more document terms than the corpus has documents");

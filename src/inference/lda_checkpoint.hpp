@@ -42,7 +42,7 @@ struct Position {
 // Model lda, algorithm, K, V, the corpus's shape and sampled-documents identity (and the held-out
 // corpus's, which fills the perplexity trace), alpha and eta as resolved, seed, the document fixed
 // point's tolerance and sweeps, --stream, and SVI's batch size, tau0 and kappa. Options that only
-// decide when to stop (--max-iter, --tol, --passes) or what to write (--out) may differ. indptr is
+// decide when to stop (--max-iter, --tol) or what to write (--out) may differ. indptr is
 // the corpus's whole /indptr if the caller holds it (--stream), else nullptr (it is read).
 ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& ref,
                               const io::CorpusInfo& info, const std::vector<std::int64_t>* indptr,

@@ -191,9 +191,10 @@ void check_options(const FitOptions& o) {
   if (o.topics < 1) throw Error("--topics must be >= 1 (got " + std::to_string(o.topics) + ")");
   if (o.algorithm != "cavi" && o.algorithm != "svi")
     throw Error("--algorithm must be cavi or svi (got '" + o.algorithm + "')");
-  if (o.max_iter < 0) throw Error("--max-iter must be >= 0");
+  if (o.iterations() < 0) throw Error("--max-iter must be >= 0");
   if (!(o.tol >= 0) || !std::isfinite(o.tol)) throw Error("--tol must be a finite number >= 0");
-  if (o.passes < 1) throw Error("--passes must be >= 1");
+  if (o.algorithm == "svi" && o.iterations() < 1)
+    throw Error("--max-iter (passes over the corpus) must be >= 1 for svi");
   if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
   if (!(o.tau0 >= 0)) throw Error("--tau0 must be >= 0");
   if (!(o.kappa > 0.5 && o.kappa <= 1)) throw Error("--kappa must be in (0.5, 1]");
@@ -316,7 +317,7 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
   BatchFit fit(model, std::move(pieces), info.tokens, o.local, ck.iteration() > 0);
   engine::BatchRun run;
   run.comm = &comm;
-  run.stop = {o.max_iter, o.tol};
+  run.stop = {o.iterations(), o.tol};
   run.checkpoint = &ck;
   run.rows = rows;
   run.global_rows = info.n_docs;
@@ -407,7 +408,7 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
     RowMatrix gamma;
     std::vector<double> pass_terms;
     std::vector<std::int64_t> first(static_cast<std::size_t>(n_blocks + 1));
-    for (int pass = start.iteration; pass < o.passes; ++pass) {
+    for (int pass = start.iteration; pass < o.iterations(); ++pass) {
       // The visiting order: the blocks in a permutation drawn from (seed, pass); minibatches are
       // consecutive runs of batch_size documents of it, the same for any rank count.
       const auto blocks = pass_order(n_blocks, o.seed, pass);
@@ -482,7 +483,7 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
     RowMatrix gamma;
     std::vector<std::int64_t> local;
     std::vector<double> pass_terms;
-    for (int pass = start.iteration; pass < o.passes; ++pass) {
+    for (int pass = start.iteration; pass < o.iterations(); ++pass) {
       const auto order = pass_order(d_total, o.seed, pass);
       // Resuming inside this pass: the minibatches done, and the pass's document terms so far.
       const bool resumed = ck.resuming() && pass == start.iteration;

@@ -21,11 +21,12 @@ struct FitOptions {
   int topics = 0;
   std::string algorithm = "svi";     // cavi | svi
   std::optional<double> alpha, eta;  // default 1/K each (as scikit-learn and gensim)
-  int max_iter = 100;                // CAVI iterations
-  double tol = 1e-5;                 // CAVI: stop when the relative ELBO change is below this
-  int passes = 10;                   // SVI passes over the corpus
-  int batch_size = 256;              // SVI documents per (global) minibatch
-  double tau0 = 10.0, kappa = 0.7;   // SVI step size rho_t = (tau0 + t)^-kappa
+  // CAVI iterations or SVI passes over the corpus; unset: 100 iterations or 10 passes.
+  std::optional<int> max_iter;
+  int iterations() const { return max_iter.value_or(algorithm == "svi" ? 10 : 100); }
+  double tol = 1e-5;                // CAVI: stop when the relative ELBO change is below this
+  int batch_size = 256;             // SVI documents per (global) minibatch
+  double tau0 = 10.0, kappa = 0.7;  // SVI step size rho_t = (tau0 + t)^-kappa
   LocalOptions local;
   std::uint64_t seed = 0;
   std::string heldout;  // optional FILE.h5[:/group]: perplexity after every iteration / pass

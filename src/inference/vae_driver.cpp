@@ -305,7 +305,7 @@ void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
 }
 
 void validate(const TrainOptions& o, std::int64_t n) {
-  if (o.epochs < 0) throw Error("--epochs must be >= 0");
+  if (o.epochs < 0) throw Error("--max-iter (epochs) must be >= 0");
   if (o.batch_size < 1 || o.batch_size > n)
     throw Error("--batch-size must be between 1 and the number of rows (" + std::to_string(n) +
                 "), got " + std::to_string(o.batch_size));

@@ -87,7 +87,7 @@ def main():
          "--batch-size", "128", "--max-iter", "2", "--checkpoint", p("ck_svi.h5"),
          "--checkpoint-every", "1"],
         [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
-         "--hidden", "4", "--latent", "1", "--epochs", "1", "--batch-size", "100",
+         "--hidden", "4", "--latent", "1", "--max-iter", "1", "--batch-size", "100",
          "--checkpoint", p("vae_ck.h5")],
     ]
     for argv in setup:

@@ -91,7 +91,7 @@ def main():
          "2", "--out", path("lda.h5")], 1, 1)
     case("lda cavi",
          lambda tag: [caviar, "lda", "fit", "--data", path("lda.h5"), "--topics", "4",
-                      "--algorithm", "cavi", "--passes", "4", "--out", path(f"lda{tag}.h5")],
+                      "--algorithm", "cavi", "--max-iter", "4", "--out", path(f"lda{tag}.h5")],
          lambda tag: [path(f"lda{tag}.h5")])
     # The HMM: whole sequences sharded by length, expected counts in fixed point.
     case("generate hmm",
@@ -120,7 +120,7 @@ def main():
         f["train"] = (rng.random((700, 12)) < 0.3).astype(np.float32)
     case("vae train",
          lambda tag: [caviar, "vae", "train", "--data", path("vae_data.h5") + ":/train",
-                      "--hidden", "8", "--latent", "2", "--batch-size", "64", "--epochs", "2",
+                      "--hidden", "8", "--latent", "2", "--batch-size", "64", "--max-iter", "2",
                       "--seed", "5", "--out", path(f"vae{tag}.h5")],
          lambda tag: [path(f"vae{tag}.h5")])
 

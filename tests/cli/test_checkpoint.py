@@ -85,7 +85,7 @@ def main():
         n_iter = str(iters or length[alg])
         if alg == "vae":
             return launch + [caviar, "vae", "train", "--data", p("data.h5") + ":/X"] + configs[alg] + [
-                "--epochs", n_iter, "--out", p(f"{tag}_model.h5")] + list(extra)
+                "--max-iter", n_iter, "--out", p(f"{tag}_model.h5")] + list(extra)
         return launch + [caviar, "gmm", "fit", "--data", p("data.h5") + ":/X"] + configs[alg] + [
             "--max-iter", n_iter, "--out", p(f"{tag}_model.h5"), "--labels", p(f"{tag}_labels.h5")] + list(extra)
 

@@ -54,7 +54,7 @@ def main():
         "lda cavi": [caviar, "lda", "fit", "--data", p("corpus.h5"), "--topics", "3",
                      "--algorithm", "cavi", "--max-iter", "5", "--tol", "0"],
         "lda svi": [caviar, "lda", "fit", "--data", p("corpus.h5"), "--topics", "3",
-                    "--algorithm", "svi", "--batch-size", "100", "--passes", "2"],
+                    "--algorithm", "svi", "--batch-size", "100", "--max-iter", "2"],
         "gmm cavi": [caviar, "gmm", "fit", "--data", p("gmm.h5") + ":/X", "-k", "3",
                      "--max-iter", "5", "--tol", "0"],
     }

@@ -99,7 +99,7 @@ run(["generate", "lda", "--docs", "800", "--words", "200", "--topics", "5", "--s
 fits = {}
 for n in (1, 2):
     p = run(["lda", "fit", "--data", path("syn.h5"), "--topics", "5", "--algorithm", "svi",
-             "--passes", "3", "--batch-size", "100", "--out", path(f"m{n}.h5"),
+             "--max-iter", "3", "--batch-size", "100", "--out", path(f"m{n}.h5"),
              "--heldout", path("held.h5")], ranks=n)
     fits[n] = summary(p)
     check(fits[n]["ranks"] == n, "ranks in summary")
@@ -107,6 +107,14 @@ with h5py.File(path("m1.h5")) as a, h5py.File(path("m2.h5")) as b:
     check(np.array_equal(a["components"][:], b["components"][:]), "same model at 1 and 2 ranks")
     lam = a["components"][:]
 check(fits[1]["elbo"] == fits[2]["elbo"], "same ELBO at 1 and 2 ranks")
+# The retired name --passes still works (same fit), with one note; not together with --max-iter.
+svi3 = ["lda", "fit", "--data", path("syn.h5"), "--topics", "5", "--algorithm", "svi",
+        "--batch-size", "100", "--heldout", path("held.h5")]
+p = run(svi3 + ["--passes", "3", "--out", path("m_passes.h5")])
+check(summary(p)["elbo"] == fits[1]["elbo"], "--passes 3 is --max-iter 3")
+check(p.stderr.count("caviar: note: --passes is deprecated") == 1, f"one note: {p.stderr}")
+p = run(svi3 + ["--passes", "3", "--max-iter", "3"], ok=False)
+check(p.returncode != 0 and "excludes" in p.stderr, f"--passes with --max-iter: {p.stderr}")
 s = summary(run(["lda", "score", "--model", path("m1.h5"), "--data", path("held.h5")], ranks=2))
 check(abs(s["perplexity"] - fits[1]["perplexity"]) == 0, f"score = fit's held-out {s}")
 check(s["perplexity"] < 200, f"better than uniform: {s['perplexity']}")

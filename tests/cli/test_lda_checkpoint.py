@@ -51,9 +51,9 @@ def main():
         "cavi": common + ["--algorithm", "cavi", "--tol", "0", "--max-iter", "25"],
         "cavi-stream": common + ["--algorithm", "cavi", "--tol", "0", "--max-iter", "15",
                                  "--stream"],
-        "svi": common + ["--algorithm", "svi", "--batch-size", "100", "--passes", "8",
+        "svi": common + ["--algorithm", "svi", "--batch-size", "100", "--max-iter", "8",
                          "--heldout", p("held.h5")],
-        "svi-stream": common + ["--algorithm", "svi", "--batch-size", "100", "--passes", "12",
+        "svi-stream": common + ["--algorithm", "svi", "--batch-size", "100", "--max-iter", "12",
                                 "--stream"],
     }
 

@@ -82,7 +82,7 @@ def main():
              "--lr", "3e-3", "--seed", "5"]
 
     # Train at 1 and 2 ranks: same weights, bit for bit.
-    train = with_opt(train, "--epochs", "3")
+    train = with_opt(train, "--max-iter", "3")
     r1 = run(train + ["--out", p("m1.h5")])
     s1 = summary(r1)
     r2 = run(train + ["--out", p("m2.h5")], ranks=2)
@@ -111,7 +111,7 @@ def main():
         check(abs(f["trace/test_elbo"][-1] - s1["test_elbo"]) < 1e-9, "trace ends at the summary")
 
     # Checkpoint after 2 epochs, resume for the 3rd: identical to 3 epochs straight.
-    run(with_opt(train, "--epochs", "2") + ["--checkpoint", p("ck.h5")], ranks=2)
+    run(with_opt(train, "--max-iter", "2") + ["--checkpoint", p("ck.h5")], ranks=2)
     s3 = summary(run(train + ["--resume", p("ck.h5"), "--out", p("m3.h5")]))
     w3 = weights(p("m3.h5"))
     check(all(np.array_equal(w1[k], w3[k]) for k in w1), "resumed weights equal straight ones")
@@ -147,7 +147,7 @@ def main():
     check(not [f for f in os.listdir(work) if "tmp-caviar" in f], "no temporary files left")
 
     # Bad input: one error line, exit 1, on every rank, nothing written.
-    one = with_opt(train, "--epochs", "1")
+    one = with_opt(train, "--max-iter", "1")
     bad_cases = [
         (with_opt(one, "--data", p("data.h5") + ":/bad"), "row 13, column 5"),
         (with_opt(one, "--latent", "0"), "--latent"),

@@ -121,7 +121,7 @@ def problems(files, n):
         "lda-cavi": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "cavi",
                      "--max-iter", "5", "--seed", "3"],
         "lda-svi": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "svi",
-                    "--passes", "2", "--batch-size", str(max(1, n // 2)), "--seed", "3"],
+                    "--max-iter", "2", "--batch-size", str(max(1, n // 2)), "--seed", "3"],
         "lda-cavi-stream": ["lda", "fit", "--data", corpus, "-k", "3", "--algorithm", "cavi",
                             "--max-iter", "5", "--seed", "3", "--stream"],
         "plsa": ["plsa", "fit", "--data", corpus, "--topics", "3", "--max-iter", "5", "--seed",
@@ -137,7 +137,7 @@ def problems(files, n):
                          "--seed", "3"],
         "vae": ["vae", "train", "--data", dense + ":/B", "--hidden", "8", "--latent", "2",
                 "--batch-size", str(max(1, n // 2)), "--micro-blocks", str(min(4, max(1, n // 2))),
-                "--epochs", "2", "--seed", "5"],
+                "--max-iter", "2", "--seed", "5"],
     }
     return out
 

@@ -58,7 +58,6 @@ lda::FitOptions options(int c) {
   o.topics = 3;
   o.max_iter = 3;
   o.tol = 0;
-  o.passes = 3;
   o.batch_size = 3;
   o.seed = 5;
   o.local.max_iter = 20;
@@ -96,7 +95,6 @@ caviar::fuzz::CheckpointTarget& target() {
         o.checkpoint = path;
         o.checkpoint_every = o.algorithm == "svi" ? "4" : "2";
         o.max_iter = 2;
-        o.passes = 2;
         lda::fit(comm(), o, nullptr);
       },
       [](int c, const std::string& path) {

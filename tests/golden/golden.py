@@ -78,10 +78,10 @@ def matrix(caviar, path):
         tag = "-stream" if stream else ""
         out[f"lda-cavi{tag}"] = (lda + ["--algorithm", "cavi", "--max-iter", "6", "--tol", "0"]
                                  + list(stream), False)
-        out[f"lda-svi{tag}"] = (lda + ["--algorithm", "svi", "--passes", "3", "--batch-size",
+        out[f"lda-svi{tag}"] = (lda + ["--algorithm", "svi", "--max-iter", "3", "--batch-size",
                                        "128"] + list(stream), False)
     out["vae"] = (["vae", "train", "--data", path("bin.h5") + ":/X", "--hidden", "12",
-                   "--latent", "2", "--batch-size", "50", "--epochs", "2", "--seed", "3"], False)
+                   "--latent", "2", "--batch-size", "50", "--max-iter", "2", "--seed", "3"], False)
     return out
 
 

@@ -106,9 +106,8 @@ lda::FitOptions fit_options(const std::string& algorithm, bool stream) {
   o.data = corpus();
   o.topics = 6;
   o.algorithm = algorithm;
-  o.max_iter = 15;
+  o.max_iter = algorithm == "svi" ? 3 : 15;  // passes or iterations
   o.tol = 0;
-  o.passes = 3;
   o.batch_size = 200;
   o.seed = 9;
   o.heldout = tmp("heldout.h5");
