@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs caviar's build, test and plotting dependencies from Debian packages.
+# Installs caviar's build, test and plotting dependencies from Debian packages (lmod: the install
+# test loads caviar's modulefile with it).
 # Safe to run twice: apt-get skips what is already installed.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ pkgs=(
   libgtest-dev googletest libbenchmark-dev
   zlib1g-dev dataset-fashion-mnist
   libopenblas0-pthread
+  lmod
   python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib python3-pytest
 )
 if [[ "${CAVIAR_WITH_SLURM:-0}" == 1 ]]; then

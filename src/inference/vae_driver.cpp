@@ -14,6 +14,7 @@
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
+#include "core/scripts.hpp"
 #include "core/signals.hpp"
 #include "inference/checkpoint.hpp"
 #include "io/h5.hpp"
@@ -564,7 +565,7 @@ namespace {
 
 std::string plot_script() {
   if (const char* s = std::getenv("CAVIAR_PLOT_VAE")) return s;
-  return std::string(CAVIAR_SCRIPTS_DIR) + "/plot_vae.py";
+  return script_path("plot_vae.py");
 }
 
 std::string shell_quote(const std::string& s) {
@@ -577,6 +578,8 @@ std::string shell_quote(const std::string& s) {
 void write_images(const Comm& comm, const ImageOptions& o, const Mat<float>& images,
                   std::int64_t grid_rows, std::int64_t grid_cols, const std::string& kind) {
   comm.on_root([&] {
+    // Found before anything is written: a missing script leaves no output behind.
+    const std::string script = o.png.empty() ? std::string() : plot_script();
     std::string h5 = o.images_out;
     const bool temporary = h5.empty();
     if (temporary) h5 = o.png + ".tmp-caviar-images.h5";
@@ -595,7 +598,7 @@ void write_images(const Comm& comm, const ImageOptions& o, const Mat<float>& ima
     if (!o.png.empty()) {
       const char* py = std::getenv("CAVIAR_PYTHON");
       const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " +
-                              shell_quote(plot_script()) + " grid " + shell_quote(h5) + " --png " +
+                              shell_quote(script) + " grid " + shell_quote(h5) + " --png " +
                               shell_quote(o.png);
       const int rc = std::system(cmd.c_str());
       if (temporary) std::filesystem::remove(h5);

@@ -1,0 +1,34 @@
+#include "core/scripts.hpp"
+
+#include <filesystem>
+#include <system_error>
+
+#include "core/error.hpp"
+
+// Set by CMakeLists.txt: the scripts directory relative to the installed binary's directory, the
+// build tree's binary directory, and the source tree's scripts directory.
+#ifndef CAVIAR_SCRIPTS_REL
+#error "CAVIAR_SCRIPTS_REL must be defined"
+#endif
+
+namespace caviar {
+
+namespace fs = std::filesystem;
+
+std::string script_path(const std::string& name) {
+  std::error_code ec;
+  // /proc/self/exe, not argv[0]: under mpirun or a module, argv[0] is often a bare name from PATH.
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("cannot find the caviar binary's own path (/proc/self/exe): " + ec.message());
+  const fs::path dir = exe.parent_path();
+  // The build tree first: an install into a prefix that happens to contain the build tree must
+  // not make the build-tree binary run stale installed copies.
+  if (fs::equivalent(dir, fs::path(CAVIAR_BUILD_BINARY_DIR), ec))
+    return (fs::path(CAVIAR_SOURCE_SCRIPTS_DIR) / name).string();
+  const fs::path installed = (dir / CAVIAR_SCRIPTS_REL / name).lexically_normal();
+  if (fs::is_regular_file(installed, ec)) return installed.string();
+  throw Error(name + " not found: looked for " + installed.string() + " (next to the binary " +
+              exe.string() + "); reinstall caviar (cmake --install)");
+}
+
+}  // namespace caviar

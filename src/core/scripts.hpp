@@ -1,0 +1,13 @@
+#pragma once
+// Where the binary finds the Python scripts it runs (scripts/plot_vae.py, ...). An installed binary
+// looks beside itself, <bin>/../share/caviar/scripts, so that a prefix can be moved or copied to
+// another cluster as a whole; a binary in the build tree uses the scripts of its source tree, so
+// that edits to them take effect without an install.
+#include <string>
+
+namespace caviar {
+
+// The full path of scripts/<name>; throws Error naming where it looked if the file is not there.
+std::string script_path(const std::string& name);
+
+}  // namespace caviar
