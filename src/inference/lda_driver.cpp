@@ -311,9 +311,14 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
   const double eta = o.eta.value_or(1.0 / o.topics);
   Model model(o.topics, info.n_words, alpha, eta);
   model.init_random(o.seed);
-  if (!o.checkpoint.empty() || !o.resume.empty())
-    ck.open(fingerprint(comm, o, in.data, info, o.stream ? &indptr : nullptr,
-                        in.heldout ? &*in.heldout : nullptr, alpha, eta));
+  if (!o.checkpoint.empty() || !o.resume.empty()) {
+    ckpt::Fingerprint fp = fingerprint(comm, o, in.data, info, o.stream ? &indptr : nullptr,
+                                       in.heldout ? &*in.heldout : nullptr, alpha, eta);
+    // Older CAVI checkpoints kept the gammas in another layout: they lack this entry, and a
+    // resume from one stops with "its fingerprint lacks 'layout' (written by another version?)".
+    fp.add("layout", std::string("engine"), "the checkpoint layout");
+    ck.open(std::move(fp));
+  }
   BatchFit fit(model, std::move(pieces), info.tokens, o.local, ck.iteration() > 0);
   engine::BatchRun run;
   run.comm = &comm;
