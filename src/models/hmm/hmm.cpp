@@ -30,33 +30,42 @@ double kl_dirichlet(const Eigen::VectorXd& a, double a0) {
   return s;
 }
 
-double logdet_spd(const Mat& m, const char* what) {
+// The lower Cholesky factor L of an SPD matrix (m = L L'): every inverse the HMM needs is a
+// triangular solve against L, never an explicit inverse (Golub & Van Loan 2013, section 4.2).
+Mat cholesky(const Mat& m, const std::string& what) {
   const Eigen::LLT<Mat> llt(m);
-  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
-  return 2.0 * llt.matrixLLT().diagonal().array().log().sum();
+  if (llt.info() != Eigen::Success) throw Error(what + " is not positive definite");
+  return llt.matrixL();
 }
 
-Mat inverse_spd(const Mat& m, const char* what) {
-  const Eigen::LLT<Mat> llt(m);
-  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
-  return llt.solve(Mat::Identity(m.rows(), m.cols()));
+// ln|L L'| from the factor.
+double logdet_chol(const Mat& l) {
+  return 2.0 * l.diagonal().array().log().sum();
+}
+
+// What the Normal-Wishart KL needs of W = (L L')^-1 and W0 = (L0 L0')^-1, from the two factors:
+// ln|W|, ln|W0|, (m - m0)' W (m - m0) = |L^-1 (m - m0)|^2 and tr(W0^-1 W) = |L^-1 L0|_F^2.
+struct WishartTerms {
+  double logdet_w, logdet_w0, quad_m, trace_w0inv_w;
+};
+
+WishartTerms wishart_terms(const Mat& l, const Mat& l0, const Eigen::VectorXd& dm) {
+  const auto lower = l.triangularView<Eigen::Lower>();
+  return {-logdet_chol(l), -logdet_chol(l0), lower.solve(dm).squaredNorm(),
+          lower.solve(l0).squaredNorm()};
 }
 
 // KL(NW(m, beta, W, nu) || NW(m0, beta0, W0, nu0)) in p dimensions, as E[ln q] - E[ln p] with
 // Bishop 2006, eqs 10.74 and 10.77 (the Wishart normaliser B.79, entropy B.82, E ln|Lambda| B.81).
-double kl_normal_wishart(const Eigen::VectorXd& m, double beta, const Mat& w, double nu,
-                         const Eigen::VectorXd& m0, double beta0, const Mat& w0_inv, double nu0) {
-  const int p = static_cast<int>(m.size());
-  const double logdet_w = logdet_spd(w, "a posterior Wishart scale");
-  const double logdet_w0 = -logdet_spd(w0_inv, "the prior Wishart scale");
-  const double e_logdet = math::expected_logdet_wishart(logdet_w, nu, p);
-  const Eigen::VectorXd dm = m - m0;
+double kl_normal_wishart(int p, double beta, double nu, double beta0, double nu0,
+                         const WishartTerms& w) {
+  const double e_logdet = math::expected_logdet_wishart(w.logdet_w, nu, p);
   const double e_ln_q = 0.5 * e_logdet + 0.5 * p * std::log(beta / (2 * M_PI)) - 0.5 * p -
-                        math::wishart_entropy(logdet_w, nu, p, e_logdet);
+                        math::wishart_entropy(w.logdet_w, nu, p, e_logdet);
   const double e_ln_p = 0.5 * (p * std::log(beta0 / (2 * M_PI)) + e_logdet - p * beta0 / beta -
-                               beta0 * nu * dm.dot(w * dm)) +
-                        math::log_wishart_norm(logdet_w0, nu0, p) + 0.5 * (nu0 - p - 1) * e_logdet -
-                        0.5 * nu * (w0_inv * w).trace();
+                               beta0 * nu * w.quad_m) +
+                        math::log_wishart_norm(w.logdet_w0, nu0, p) +
+                        0.5 * (nu0 - p - 1) * e_logdet - 0.5 * nu * w.trace_w0inv_w;
   return e_ln_q - e_ln_p;
 }
 }  // namespace
@@ -148,6 +157,7 @@ Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
         w0_inv_(j, j) = (d_ + 2.0) * std::max(data.var[static_cast<std::size_t>(j)], 1e-12);
       }
     }
+    w0_chol_ = cholesky(w0_inv_, "the prior Wishart scale's inverse");
   }
   refresh();
 }
@@ -176,7 +186,7 @@ void Model::init_random(std::uint64_t seed) {
   }
   if (d_ > 0) {
     // Means: the data mean plus one standard deviation of noise per dimension; covariances: the
-    // data's variances (VB: as the Wishart's expected precision nu W).
+    // data's variances (VB: as the Wishart's expected precision nu W, so W^-1 = nu var).
     for (int k = 0; k < k_; ++k) {
       for (int j = 0; j < d_; ++j) {
         const double z = rng.normal2(kTagMean | static_cast<std::uint64_t>(k * d_ + j), 0)[0];
@@ -187,7 +197,7 @@ void Model::init_random(std::uint64_t seed) {
       RowMatrix c = RowMatrix::Zero(d_, d_);
       for (int j = 0; j < d_; ++j) {
         const double var = w0_inv_(j, j) / (d_ + 2.0);
-        c(j, j) = vb ? 1.0 / (var * nu_[k]) : var;
+        c(j, j) = vb ? var * nu_[k] : var;
       }
       cov_[static_cast<std::size_t>(k)] = c;
     }
@@ -229,34 +239,36 @@ void Model::refresh() {
     }
   }
   if (d_ > 0) {
-    prec_.assign(static_cast<std::size_t>(k_), RowMatrix::Zero(d_, d_));
+    chol_.assign(static_cast<std::size_t>(k_), RowMatrix());
+    quad_scale_ = vb ? nu_ : Eigen::VectorXd(Eigen::VectorXd::Ones(k_));
     gauss_const_.resize(k_);
     const bool diag = cfg_.covariance == Covariance::kDiag;
     for (int k = 0; k < k_; ++k) {
+      // c is Sigma (EM) or W^-1 (VB): either way ln|c| gives the precision's log-determinant.
       const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
-      RowMatrix& p = prec_[static_cast<std::size_t>(k)];
-      double logdet_prec = 0;  // EM: ln|Sigma^-1|; VB: E[ln|Lambda|]
+      double logdet_c = 0;
       if (diag) {
         for (int j = 0; j < d_; ++j) {
           if (!(c(j, j) > 0) || !std::isfinite(c(j, j)))
             throw Error("the variance " + std::to_string(j) + " of state " + std::to_string(k) +
                         " is not a finite positive number");
-          if (vb) {
-            p(j, j) = nu_[k] * c(j, j);
-            logdet_prec += math::expected_logdet_wishart(std::log(c(j, j)), nu_[k], 1);
-          } else {
-            p(j, j) = 1.0 / c(j, j);
-            logdet_prec -= std::log(c(j, j));
-          }
+          logdet_c += std::log(c(j, j));
         }
-      } else if (vb) {
-        p = nu_[k] * c;
-        logdet_prec =
-            math::expected_logdet_wishart(logdet_spd(c, "a Wishart scale matrix"), nu_[k], d_);
       } else {
-        const std::string what = "the covariance of state " + std::to_string(k);
-        p = inverse_spd(c, what.c_str());
-        logdet_prec = -logdet_spd(c, what.c_str());
+        const std::string what = vb ? "the inverse Wishart scale of state " + std::to_string(k)
+                                    : "the covariance of state " + std::to_string(k);
+        chol_[static_cast<std::size_t>(k)] = cholesky(c, what);
+        logdet_c = logdet_chol(chol_[static_cast<std::size_t>(k)]);
+      }
+      // EM: ln|Sigma^-1| = -ln|Sigma|. VB: E[ln|Lambda|] with ln|W| = -ln|W^-1| (Bishop 2006,
+      // eq. 10.65); diagonal VB has one Normal-Gamma per dimension, so one expectation each.
+      double logdet_prec = -logdet_c;
+      if (vb && diag) {
+        logdet_prec = 0;
+        for (int j = 0; j < d_; ++j)
+          logdet_prec += math::expected_logdet_wishart(-std::log(c(j, j)), nu_[k], 1);
+      } else if (vb) {
+        logdet_prec = math::expected_logdet_wishart(-logdet_c, nu_[k], d_);
       }
       // ln N(x | mu, Lambda^-1) = 1/2 ln|Lambda| - D/2 ln 2 pi - 1/2 (x - mu)' Lambda (x - mu); VB
       // takes its expectation under the Normal-Wishart (Bishop 2006, eq. 10.64): the extra
@@ -298,19 +310,23 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
   for (std::int64_t t = 0; t < T; ++t) {
     const double* x = &s.x(t0 + t, 0);
     for (int k = 0; k < k_; ++k) {
-      const RowMatrix& p = prec_[static_cast<std::size_t>(k)];
       for (int j = 0; j < d_; ++j) dx[static_cast<std::size_t>(j)] = x[j] - means_(k, j);
       double q = 0;
       if (diag) {
-        for (int j = 0; j < d_; ++j) q += p(j, j) * dx[j] * dx[j];
+        const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+        for (int j = 0; j < d_; ++j) q += dx[j] * dx[j] / c(j, j);
       } else {
+        // (x - mu)' (L L')^-1 (x - mu) = |y|^2 with L y = x - mu, by forward substitution.
+        const RowMatrix& l = chol_[static_cast<std::size_t>(k)];
         for (int i = 0; i < d_; ++i) {
-          double r = 0;
-          for (int j = 0; j < d_; ++j) r += p(i, j) * dx[static_cast<std::size_t>(j)];
-          q += dx[static_cast<std::size_t>(i)] * r;
+          double r = dx[static_cast<std::size_t>(i)];
+          for (int j = 0; j < i; ++j) r -= l(i, j) * dx[static_cast<std::size_t>(j)];
+          r /= l(i, i);
+          dx[static_cast<std::size_t>(i)] = r;
+          q += r * r;
         }
       }
-      w.b(t, k) = gauss_const_[k] - 0.5 * q;
+      w.b(t, k) = gauss_const_[k] - 0.5 * quad_scale_[k] * q;
     }
   }
 }
@@ -521,12 +537,10 @@ void Model::update(const Stats& st) {
         w_inv += sxx - n * xbar * xbar.transpose() + (beta0 * n / beta_[k]) * dm * dm.transpose();
       }
       means_.row(k) = m.transpose();
-      if (diag) {
-        c = RowMatrix::Zero(d_, d_);
-        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / w_inv(j, j);
-      } else {
-        c = inverse_spd(0.5 * (w_inv + w_inv.transpose()), "a Wishart scale's inverse");
-      }
+      if (diag)
+        c = RowMatrix(w_inv.diagonal().asDiagonal());
+      else
+        c = 0.5 * (w_inv + w_inv.transpose());
     }
   }
   refresh();
@@ -544,16 +558,19 @@ double Model::global_objective() const {
   }
   const double nu0 = d_ + 2.0;
   for (int k = 0; k < k_; ++k) {
-    const RowMatrix& w = cov_[static_cast<std::size_t>(k)];
+    const RowMatrix& c = cov_[static_cast<std::size_t>(k)];  // W^-1
     if (cfg_.covariance == Covariance::kDiag) {
-      for (int j = 0; j < d_; ++j)
-        kl += kl_normal_wishart(Eigen::VectorXd::Constant(1, means_(k, j)), beta_[k],
-                                Mat::Constant(1, 1, w(j, j)), nu_[k],
-                                Eigen::VectorXd::Constant(1, m0_[j]), cfg_.prior_beta,
-                                Mat::Constant(1, 1, w0_inv_(j, j)), nu0);
+      // One Normal-Gamma per dimension: the 1 x 1 terms directly.
+      for (int j = 0; j < d_; ++j) {
+        const double dm = means_(k, j) - m0_[j];
+        kl += kl_normal_wishart(1, beta_[k], nu_[k], cfg_.prior_beta, nu0,
+                                {-std::log(c(j, j)), -std::log(w0_inv_(j, j)), dm * dm / c(j, j),
+                                 w0_inv_(j, j) / c(j, j)});
+      }
     } else {
-      kl += kl_normal_wishart(means_.row(k).transpose(), beta_[k], w, nu_[k], m0_, cfg_.prior_beta,
-                              w0_inv_, nu0);
+      const Eigen::VectorXd dm = means_.row(k).transpose() - m0_;
+      kl += kl_normal_wishart(d_, beta_[k], nu_[k], cfg_.prior_beta, nu0,
+                              wishart_terms(chol_[static_cast<std::size_t>(k)], w0_chol_, dm));
     }
   }
   return -kl;
@@ -571,17 +588,8 @@ void Model::point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMat
     for (int k = 0; k < k_; ++k) b.row(k) /= b.row(k).sum();
   means = means_;
   cov = cov_;
-  if (vb && d_ > 0)  // the inverse of the expected precision, (nu W)^-1
-    for (int k = 0; k < k_; ++k) {
-      const RowMatrix p = prec_[static_cast<std::size_t>(k)];
-      RowMatrix& c = cov[static_cast<std::size_t>(k)];
-      if (cfg_.covariance == Covariance::kDiag) {
-        c = RowMatrix::Zero(d_, d_);
-        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / p(j, j);
-      } else {
-        c = inverse_spd(p, "an expected precision");
-      }
-    }
+  if (vb && d_ > 0)  // the inverse of the expected precision, (nu W)^-1 = W^-1 / nu
+    for (int k = 0; k < k_; ++k) cov[static_cast<std::size_t>(k)] /= nu_[k];
 }
 
 namespace {
@@ -662,7 +670,24 @@ void Model::save(engine::StateWriter& w) const {
   w.array("posterior/m", flat(means_), {K, U(d_)});
   w.array("posterior/beta", std::span<const double>(beta_.data(), K), {K});
   w.array("posterior/nu", std::span<const double>(nu_.data(), K), {K});
-  write_cov(w, "posterior/W", cov_, diag);
+  // The file keeps hmmlearn's and Bishop's posterior/W, which users read: the one place W itself
+  // is formed, from the factor (W = L^-T L^-1, triangular solves against the identity). The state
+  // is W^-1 (posterior/W_inv), which load() reads, so a resume continues from the same bits.
+  std::vector<RowMatrix> scale(static_cast<std::size_t>(k_));
+  for (int k = 0; k < k_; ++k) {
+    const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+    RowMatrix& out = scale[static_cast<std::size_t>(k)];
+    if (diag) {
+      out = RowMatrix::Zero(d_, d_);
+      for (int j = 0; j < d_; ++j) out(j, j) = 1.0 / c(j, j);
+    } else {
+      const Mat l_inv = chol_[static_cast<std::size_t>(k)].triangularView<Eigen::Lower>().solve(
+          Mat::Identity(d_, d_));
+      out = l_inv.transpose() * l_inv;
+    }
+  }
+  write_cov(w, "posterior/W", scale, diag);
+  write_cov(w, "posterior/W_inv", cov_, diag);
   w.array("prior/m", std::span<const double>(m0_.data(), U(d_)), {U(d_)});
   w.array("prior/W_inv", flat(w0_inv_), {U(d_), U(d_)});
   w.attr("prior_beta", cfg_.prior_beta);
@@ -696,7 +721,7 @@ void Model::load(const engine::StateReader& r) {
     beta_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
     v = get("posterior/nu", {K});
     nu_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
-    cov_ = read_cov(r, "posterior/W", k_, d_, diag);
+    cov_ = read_cov(r, "posterior/W_inv", k_, d_, diag);
   }
   refresh();
 }

@@ -172,17 +172,22 @@ class Model {
   std::int64_t v_;
   // EM state: pi, A, B (K x V) or means (K x D) and covariances (K of D x D; diagonal for diag).
   // VB state: Dirichlet parameters (alpha_start K, alpha_trans K x K, alpha_emit K x V) or
-  // Normal-Wishart (m K x D, beta K, W K of D x D, nu K).
+  // Normal-Wishart (m K x D, beta K, W^-1 K of D x D, nu K). VB keeps W^-1, not W: the update
+  // produces W^-1, and the covariance estimate W^-1 / nu needs no inverse.
   Eigen::VectorXd p_start_;
   RowMatrix p_trans_, p_emit_, means_;
-  std::vector<RowMatrix> cov_;  // EM: Sigma_k; VB: W_k
+  std::vector<RowMatrix> cov_;  // EM: Sigma_k; VB: W_k^-1 (diagonal for diag)
   Eigen::VectorXd beta_, nu_;
   Eigen::VectorXd m0_;
   RowMatrix w0_inv_;
+  RowMatrix w0_chol_;  // Gaussian: the lower Cholesky factor of W0^-1
   // Derived: the forward-backward's parameters.
   Eigen::VectorXd pi_;
-  RowMatrix a_, log_b_t_;        // A (K x K); categorical: log B^T (V x K)
-  std::vector<RowMatrix> prec_;  // Gaussian: precision (EM: Sigma^-1; VB: nu W)
+  RowMatrix a_, log_b_t_;  // A (K x K); categorical: log B^T (V x K)
+  // Gaussian, full: the lower Cholesky factor L_k of cov_[k]; the expected precision is
+  // quad_scale_[k] (L_k L_k')^-1 (EM: 1; VB: nu_k), applied by a triangular solve.
+  std::vector<RowMatrix> chol_;
+  Eigen::VectorXd quad_scale_;
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
   std::vector<Stats> work_;
 };
