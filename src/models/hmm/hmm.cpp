@@ -77,7 +77,7 @@ const char* name(Covariance c) {
   return c == Covariance::kFull ? "full" : "diag";
 }
 const char* name(Algorithm a) {
-  return a == Algorithm::kEm ? "em" : "cavi";
+  return a == Algorithm::kEm ? "em" : a == Algorithm::kCavi ? "cavi" : "svi";
 }
 
 // --- Stats
@@ -165,7 +165,7 @@ Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
 void Model::init_random(std::uint64_t seed) {
   const CounterRng rng(seed, Stream::kHmmInit);
   auto u = [&](std::uint64_t i) { return rng.uniform2(i, 0)[0]; };
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   const double n = static_cast<double>(data_.sequences), t = static_cast<double>(data_.steps);
   // Positive random weights, normalised (EM) or turned into pseudo-counts of the data's size (VB).
   for (int k = 0; k < k_; ++k) p_start_[k] = vb ? cfg_.prior_start + n / k_ : 1.0 / k_;
@@ -206,7 +206,7 @@ void Model::init_random(std::uint64_t seed) {
 }
 
 void Model::refresh() {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   // VB: exp E[ln pi_k] = exp(psi(alpha_k) - psi(sum alpha)) (Beal 2003, ch. 3), and likewise
   // for each row of A and of B: sub-normalised.
   auto expected_log = [](const double* a, std::int64_t n, double* out) {
@@ -441,8 +441,17 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
 }
 
 void Model::local_step(Stats& stats, std::span<double> terms) {
+  local_step(stats, terms, nullptr, seqs_->n());
+}
+
+void Model::local_step(Stats& stats, std::span<double> terms, std::span<const std::int64_t> rows) {
+  local_step(stats, terms, rows.data(), static_cast<std::int64_t>(rows.size()));
+}
+
+void Model::local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows,
+                       std::int64_t n) {
   const Sequences& s = *seqs_;
-  const std::int64_t n = s.n();
+  const bool all = rows == nullptr;
   const int n_threads =
       static_cast<int>(std::min<std::int64_t>(max_threads(), std::max<std::int64_t>(n, 1)));
   // Threads other than the first count into their own statistics, added afterwards: integers, so
@@ -453,14 +462,25 @@ void Model::local_step(Stats& stats, std::span<double> terms) {
   parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
     Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
     for (std::int64_t q = s0; q < s1; ++q)
-      terms[static_cast<std::size_t>(q)] =
-          forward_backward(s, q, work[static_cast<std::size_t>(tid)], &acc, nullptr);
+      terms[static_cast<std::size_t>(q)] = forward_backward(
+          s, all ? q : rows[q], work[static_cast<std::size_t>(tid)], &acc, nullptr);
   });
   for (int t = 0; t < n_threads - 1; ++t) stats += work_[static_cast<std::size_t>(t)];
 }
 
 void Model::update(const Stats& st) {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  set_target(st, 1.0);
+  refresh();
+}
+
+void Model::set_target(const Stats& stats, double scale) {
+  const bool vb = variational();
+  // The statistics times `scale` (N / |B| for a minibatch; exactly themselves for a full batch).
+  struct Scaled {
+    const Stats& s;
+    double scale;
+    double value(int section, std::int64_t i) const { return scale * s.value(section, i); }
+  } st{stats, scale};
   // Start and transitions: EM normalises the expected counts (Bishop 2006, eqs 13.18-13.19); VB
   // adds them to the Dirichlet prior (Beal 2003, ch. 3). A row no count reached keeps its
   // EM estimate.
@@ -543,11 +563,84 @@ void Model::update(const Stats& st) {
         c = 0.5 * (w_inv + w_inv.transpose());
     }
   }
+}
+
+// The state as the natural parameters that SVI averages (Hoffman et al. 2013, section 2.4; Foti et
+// al. 2014): the Dirichlet concentrations (their natural parameter alpha - 1 differs by a constant
+// that a convex combination keeps), and per Gaussian state the Normal-Wishart's (beta,
+// beta (m - m0), W^-1 + beta (m - m0)(m - m0)', nu) (Bishop 2006, eqs 10.60-10.63 are their sums
+// with the statistics). They are taken about the prior mean m0: a linear change of coordinates of
+// the natural parameters, so the average is the same, but W^-1 recovered by the subtraction below
+// loses only bits of the data's spread about m0, not of their distance from the origin.
+struct Model::Natural {
+  Eigen::VectorXd start, beta, nu;
+  RowMatrix trans, emit, bm;      // bm: beta (m - m0), K x D
+  std::vector<RowMatrix> second;  // W^-1 + beta (m - m0)(m - m0)' (diagonal for diag)
+};
+
+Model::Natural Model::natural() const {
+  Natural n{p_start_, beta_, nu_, p_trans_, p_emit_, RowMatrix(), {}};
+  if (d_ == 0) return n;
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  n.bm.resize(k_, d_);
+  for (int k = 0; k < k_; ++k) {
+    const Eigen::VectorXd dm = means_.row(k).transpose() - m0_;
+    n.bm.row(k) = beta_[k] * dm.transpose();
+    RowMatrix c = cov_[static_cast<std::size_t>(k)];
+    if (diag)
+      c.diagonal() += beta_[k] * dm.cwiseAbs2();
+    else
+      c += beta_[k] * dm * dm.transpose();
+    n.second.push_back(std::move(c));
+  }
+  return n;
+}
+
+void Model::set_natural(const Natural& n) {
+  p_start_ = n.start;
+  p_trans_ = n.trans;
+  p_emit_ = n.emit;
+  if (d_ == 0) return;
+  beta_ = n.beta;
+  nu_ = n.nu;
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  for (int k = 0; k < k_; ++k) {
+    const Eigen::VectorXd bm = n.bm.row(k).transpose();
+    means_.row(k) = (m0_ + bm / beta_[k]).transpose();
+    RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+    c = n.second[static_cast<std::size_t>(k)];
+    if (diag) {
+      c.diagonal() -= bm.cwiseAbs2() / beta_[k];
+    } else {
+      c -= bm * bm.transpose() / beta_[k];
+      c = (0.5 * (c + c.transpose())).eval();
+    }
+  }
+}
+
+void Model::update_stochastic(const Stats& st, double rho, double scale) {
+  // lambda <- (1 - rho) lambda + rho lambda_hat, where lambda_hat = prior + scale * statistics is
+  // the CAVI update as if the minibatch were the whole data set repeated N / |B| times (Hoffman et
+  // al. 2013, section 2.4).
+  const Natural old = natural();
+  set_target(st, scale);
+  const Natural hat = natural();
+  auto mix = [rho](const auto& a, const auto& b) { return ((1 - rho) * a + rho * b).eval(); };
+  Natural n{mix(old.start, hat.start),
+            mix(old.beta, hat.beta),
+            mix(old.nu, hat.nu),
+            mix(old.trans, hat.trans),
+            mix(old.emit, hat.emit),
+            mix(old.bm, hat.bm),
+            {}};
+  for (std::size_t k = 0; k < old.second.size(); ++k)
+    n.second.push_back(mix(old.second[k], hat.second[k]));
+  set_natural(n);
   refresh();
 }
 
 double Model::global_objective() const {
-  if (cfg_.algorithm != Algorithm::kCavi) return 0.0;
+  if (!variational()) return 0.0;
   // Serial, in a fixed order: the same on every rank.
   double kl = kl_dirichlet(p_start_, cfg_.prior_start);
   for (int i = 0; i < k_; ++i) kl += kl_dirichlet(p_trans_.row(i).transpose(), cfg_.prior_trans);
@@ -578,7 +671,7 @@ double Model::global_objective() const {
 
 void Model::point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMatrix& means,
                          std::vector<RowMatrix>& cov) const {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   pi = vb ? Eigen::VectorXd(p_start_ / p_start_.sum()) : p_start_;
   a = p_trans_;
   if (vb)
@@ -654,7 +747,7 @@ void Model::save(engine::StateWriter& w) const {
   w.attr("n_states", static_cast<std::int64_t>(k_));
   if (v_ > 0) w.attr("n_symbols", v_);
   if (d_ > 0) w.attr("n_features", static_cast<std::int64_t>(d_));
-  if (cfg_.algorithm != Algorithm::kCavi) {
+  if (!variational()) {
     if (d_ > 0) w.attr("min_covar", cfg_.min_covar);
     return;
   }
@@ -695,7 +788,7 @@ void Model::save(engine::StateWriter& w) const {
 }
 
 void Model::load(const engine::StateReader& r) {
-  if (cfg_.algorithm != Algorithm::kCavi) {
+  if (!variational()) {
     load_point(r);
     return;
   }

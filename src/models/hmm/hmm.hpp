@@ -1,7 +1,8 @@
 #pragma once
 // Hidden Markov models with categorical or Gaussian emissions over ragged sequences, fitted by
 // Baum-Welch EM (Baum et al. 1970; Rabiner 1989) or by variational Bayes (CAVI: MacKay 1997;
-// Beal 2003, ch. 3):
+// Beal 2003, ch. 3; SVI over minibatches of whole sequences: Hoffman et al. 2013; Foti et al.
+// 2014):
 //
 //   z_1 ~ Cat(pi),  z_t | z_{t-1} = j ~ Cat(A_j),  x_t | z_t = k ~ p(x | theta_k)
 //
@@ -43,7 +44,7 @@ using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 
 enum class Emission { kCategorical, kGaussian };
 enum class Covariance { kFull, kDiag };
-enum class Algorithm { kEm, kCavi };
+enum class Algorithm { kEm, kCavi, kSvi };
 
 const char* name(Emission e);
 const char* name(Covariance c);
@@ -118,6 +119,8 @@ class Model {
   Model(const Config& cfg, const Sequences* seqs, const DataSummary& data);
 
   const Config& config() const { return cfg_; }
+  // CAVI and SVI fit the same variational posterior; EM fits point estimates.
+  bool variational() const { return cfg_.algorithm != Algorithm::kEm; }
   // Random initial parameters keyed by (seed, kHmmInit, index): identical on every rank.
   void init_random(std::uint64_t seed);
 
@@ -130,6 +133,12 @@ class Model {
   void save(engine::StateWriter& w) const;
   void load(const engine::StateReader& r);
   std::vector<engine::LocalState> local_states() { return {}; }
+
+  // --- the engine's stochastic concept (engine/stochastic.hpp), VB only
+  // The local step over the listed local sequences only (terms: one per listed sequence).
+  void local_step(Stats& stats, std::span<double> terms, std::span<const std::int64_t> rows);
+  // The natural-gradient step with step size rho, the statistics scaled by N / |B|.
+  void update_stochastic(const Stats& stats, double rho, double scale);
 
   // Loads the point parameters (startprob, transmat, emissionprob or means/covariances) of any
   // hmm model file, to score or decode with.
@@ -161,7 +170,14 @@ class Model {
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
                           double* gamma) const;
+  // The local step over local sequences rows[0, n) (rows: null for every sequence, n = s.n()).
+  void local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows, std::int64_t n);
   void refresh();  // recompute the forward-backward parameters from the state
+  // The M-step / CAVI update from the statistics times `scale`, without refresh().
+  void set_target(const Stats& stats, double scale);
+  struct Natural;
+  Natural natural() const;
+  void set_natural(const Natural& n);
   void point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMatrix& means,
                     std::vector<RowMatrix>& cov) const;
 
