@@ -2,16 +2,17 @@
 
 namespace caviar::engine::detail {
 
-void record(const BatchRun& run, FitClock& clock, int it, double f, RunResult& res) {
+void record(const std::function<double()>& heldout_fn, const Progress& progress, FitClock& clock,
+            int it, double f, RunResult& res) {
   const double seconds = clock.elapsed();
   double heldout = std::numeric_limits<double>::quiet_NaN();
-  if (run.heldout) {
-    heldout = clock.excluding(run.heldout);
+  if (heldout_fn) {
+    heldout = clock.excluding(heldout_fn);
     res.trace.heldout.push_back(heldout);
   }
   res.trace.objective.push_back(f);
   res.trace.seconds.push_back(seconds);
-  if (run.progress) run.progress({it, f, heldout, seconds});
+  if (progress) progress({it, f, heldout, seconds});
 }
 
 void finish(const Comm& comm, double local_seconds, double reduce_seconds, FitClock& clock,

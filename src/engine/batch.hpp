@@ -72,7 +72,11 @@ inline std::vector<RowState> row_states(std::vector<LocalState> local, const Bat
 }
 
 // Records iteration `it` (objective f) in the trace and reports it.
-void record(const BatchRun& run, FitClock& clock, int it, double f, RunResult& res);
+void record(const std::function<double()>& heldout, const Progress& progress, FitClock& clock,
+            int it, double f, RunResult& res);
+inline void record(const BatchRun& run, FitClock& clock, int it, double f, RunResult& res) {
+  record(run.heldout, run.progress, clock, it, f, res);
+}
 
 // The reductions' timing summary (collective).
 void finish(const Comm& comm, double local_seconds, double reduce_seconds, FitClock& clock,

@@ -288,6 +288,8 @@ def main():
         ("hmm sample: --length 0", 2, [caviar, "hmm", "sample", "--model", p("hmm_cm.h5"), "--sequences", "3", "--length", "0", "--out", out], "--sequences and --length must be >= 1"),
         ("hmm sample: a plsa model", 2, [caviar, "hmm", "sample", "--model", p("plsa_m.h5"), "--sequences", "3", "--length", "4", "--out", out], "is not a caviar hmm model"),
         ("hmm score: a plsa model", 2, [caviar, "hmm", "score", "--model", p("plsa_m.h5"), "--data", p("hmm_cat.h5")], "is not a caviar hmm model"),
+        ("hmm svi: --batch-size 0", 2, hmm(p("hmm_cat.h5"), "--algorithm", "svi", "--batch-size", "0", "--out", out), "--batch-size must be >= 1 (got 0)"),
+        ("hmm svi: --kappa 0.3", 2, hmm(p("hmm_cat.h5"), "--algorithm", "svi", "--kappa", "0.3", "--out", out), "--kappa must be in (0.5, 1]"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []

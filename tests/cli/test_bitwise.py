@@ -5,7 +5,8 @@ identical outputs for every rank count P in {1, 2, 3, 4} and thread count T in {
 Checked for `generate gmm`, a CAVI checkpoint written at 1 rank and resumed at 4 x 2, the Gaussian mixture fitted by CAVI (k-means++ start, labels and
 responsibilities), SVI (in memory and --stream, adaptive steps), EM, the stick-breaking prior with
 the data-based prior scale and a held-out score, for LDA (CAVI), the VAE, and the HMM
-(`generate hmm`, Gaussian EM and categorical CAVI with posteriors, Viterbi decoding). Every dataset
+(`generate hmm`, Gaussian EM, categorical CAVI and Gaussian SVI with posteriors, Viterbi
+decoding). Every dataset
 and every attribute of every output file is compared, except provenance: the rank and thread
 counts, the command line, and wall-clock times.
 
@@ -111,6 +112,12 @@ def main():
                       "--algorithm", "cavi", "--max-iter", "15", "--tol", "0",
                       "--out", path(f"hmmc{tag}.h5"), "--posteriors", path(f"hmmcp{tag}.h5")],
          lambda tag: [path(f"hmmc{tag}.h5"), path(f"hmmcp{tag}.h5")])
+    case("hmm svi gaussian full",
+         lambda tag: [caviar, "hmm", "fit", "--data", path("hmmgen11.h5"), "--states", "3",
+                      "--emission", "gaussian", "--algorithm", "svi", "--batch-size", "40",
+                      "--max-iter", "3", "--tol", "0", "--out", path(f"hmms{tag}.h5"),
+                      "--posteriors", path(f"hmmsp{tag}.h5")],
+         lambda tag: [path(f"hmms{tag}.h5"), path(f"hmmsp{tag}.h5")])
     case("hmm decode",
          lambda tag: [caviar, "hmm", "decode", "--model", path("hmm11.h5"), "--data",
                       path("hmmgen11.h5"), "--out", path(f"hmmd{tag}.h5")],

@@ -1,7 +1,7 @@
 // caviar hmm fit | score | decode | sample and caviar generate hmm: the HMM (hmm.hpp) on the
-// engine's batch driver, over sequences stored as one HDF5 file: /X (every time step, sequence
-// after sequence: T_total symbols, or T_total x D rows) and /offsets (n_sequences + 1 increasing
-// int64, from 0 to T_total).
+// engine's batch driver (EM, CAVI) or its stochastic driver (SVI), over sequences stored as one
+// HDF5 file: /X (every time step, sequence after sequence: T_total symbols, or T_total x D rows)
+// and /offsets (n_sequences + 1 increasing int64, from 0 to T_total).
 #include "models/hmm/commands.hpp"
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "engine/model_file.hpp"
 #include "engine/reduce.hpp"
 #include "engine/state_io.hpp"
+#include "engine/stochastic.hpp"
 #include "inference/checkpoint.hpp"
 #include "io/h5.hpp"
 #include "models/hmm/hmm.hpp"
@@ -166,6 +167,7 @@ struct FitOptions {
   Config cfg;
   engine::StopRule stop{100, 1e-6};
   engine::CheckpointFiles files;
+  engine::Schedule schedule;  // svi
 };
 
 Config config_of(const FitOptions& o) {
@@ -176,8 +178,9 @@ Config config_of(const FitOptions& o) {
       {{"categorical", Emission::kCategorical}, {"gaussian", Emission::kGaussian}});
   c.covariance = parse_enum<Covariance>(o.covariance, "--covariance",
                                         {{"full", Covariance::kFull}, {"diag", Covariance::kDiag}});
-  c.algorithm = parse_enum<Algorithm>(o.algorithm, "--algorithm",
-                                      {{"em", Algorithm::kEm}, {"cavi", Algorithm::kCavi}});
+  c.algorithm = parse_enum<Algorithm>(
+      o.algorithm, "--algorithm",
+      {{"em", Algorithm::kEm}, {"cavi", Algorithm::kCavi}, {"svi", Algorithm::kSvi}});
   return c;
 }
 
@@ -185,6 +188,17 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
   const Comm& comm = *ctx.comm;
   Config cfg = config_of(o);
   if (o.states < 1) throw Error("--states must be >= 1");
+  const bool svi = cfg.algorithm == Algorithm::kSvi;
+  if (svi) {
+    const engine::Schedule& sc = o.schedule;
+    if (sc.batch_size < 1)
+      throw Error("--batch-size must be >= 1 (got " + std::to_string(sc.batch_size) + ")");
+    if (!(sc.tau0 >= 0) || !std::isfinite(sc.tau0))
+      throw Error("--tau0 must be a finite number >= 0");
+    // Robbins & Monro 1951: sum rho_t = inf and sum rho_t^2 < inf.
+    if (!(sc.kappa > 0.5 && sc.kappa <= 1)) throw Error("--kappa must be in (0.5, 1]");
+    if (o.stop.max_iter < 1) throw Error("--max-iter (passes) must be >= 1 with --algorithm svi");
+  }
   const std::vector<std::string> inputs{o.data};
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.posteriors.empty()) io::check_output_path(comm, o.posteriors, inputs);
@@ -218,6 +232,11 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
     fp.add("prior_emission", cfg.prior_emission, "--prior-emission");
     fp.add("prior_beta", cfg.prior_beta, "--prior-beta");
     fp.add("min_covar", cfg.min_covar, "--min-covar");
+    if (svi) {
+      fp.add("batch_size", o.schedule.batch_size, "--batch-size");
+      fp.add("tau0", o.schedule.tau0, "--tau0");
+      fp.add("kappa", o.schedule.kappa, "--kappa");
+    }
     ckpt::add_data(fp, comm, "--data", io::DataRef{o.data, "/X"}, d.shape);
     fp.add("offsets_identity", d.identity, "--data",
            "its /offsets differ from this run's --data " + o.data);
@@ -226,20 +245,35 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
   print_progress(ctx, "caviar hmm fit: " + o.data + ", K=" + std::to_string(o.states) + ", " +
                           o.emission + ", " + o.algorithm + ", " + std::to_string(comm.size()) +
                           " ranks x " + std::to_string(max_threads()) + " threads");
-  engine::BatchRun run;
-  run.comm = &comm;
-  run.stop = o.stop;
-  run.checkpoint = &ck;
-  run.rows = d.rows;
-  run.global_rows = d.summary.sequences;
   const char* what = cfg.algorithm == Algorithm::kEm ? "loglik" : "elbo";
-  run.progress = [&](const engine::Report& r) {
+  const engine::Progress progress = [&](const engine::Report& r) {
     char line[160];
-    std::snprintf(line, sizeof line, "iter %4d  %s % .10e  %8.3fs", r.iteration, what, r.objective,
-                  r.seconds);
+    std::snprintf(line, sizeof line, "%s %4d  %s % .10e  %8.3fs", svi ? "pass" : "iter",
+                  r.iteration, what, r.objective, r.seconds);
     print_progress(ctx, line);
   };
-  const engine::RunResult res = engine::fit_batch(model, run);
+  engine::RunResult res;
+  if (svi) {
+    engine::StochasticRun run;
+    run.comm = &comm;
+    run.stop = o.stop;
+    run.checkpoint = &ck;
+    run.rows = d.rows;
+    run.global_rows = d.summary.sequences;
+    run.schedule = o.schedule;
+    run.schedule.seed = o.seed;
+    run.progress = progress;
+    res = engine::fit_stochastic(model, run);
+  } else {
+    engine::BatchRun run;
+    run.comm = &comm;
+    run.stop = o.stop;
+    run.checkpoint = &ck;
+    run.rows = d.rows;
+    run.global_rows = d.summary.sequences;
+    run.progress = progress;
+    res = engine::fit_batch(model, run);
+  }
   if (!o.out.empty()) {
     engine::write_model_file(
         comm, o.out, [&](engine::StateWriter& w) { model.save(w); }, res,
@@ -539,7 +573,8 @@ void generate(const engine::Context& ctx, const GenerateOptions& o) {
 
 void add_commands(CLI::App& cli, engine::Context& ctx) {
   auto* hmm = cli.add_subcommand(
-      "hmm", "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI)");
+      "hmm",
+      "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
   hmm->require_subcommand(1);
 
   auto o = std::make_shared<FitOptions>();
@@ -554,24 +589,38 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
       ->check(CLI::IsMember({"full", "diag"}))
       ->capture_default_str();
   f->add_option("--algorithm", o->algorithm,
-                "em (Baum-Welch, maximum likelihood) or cavi (variational Bayes)")
-      ->check(CLI::IsMember({"em", "cavi"}))
+                "em (Baum-Welch, maximum likelihood), cavi (variational Bayes) or svi (stochastic "
+                "variational Bayes over minibatches of whole sequences; --max-iter counts passes, "
+                "and checkpoints and stop signals are taken at pass boundaries only)")
+      ->check(CLI::IsMember({"em", "cavi", "svi"}))
       ->capture_default_str();
   f->add_option("--symbols", o->symbols,
                 "Categorical: the number of symbols V (default: 1 + the largest in the data)");
-  f->add_option("--seed", o->seed, "Random seed of the initial parameters")->capture_default_str();
+  f->add_option("--seed", o->seed,
+                "Random seed of the initial parameters (and of the svi minibatch order)")
+      ->capture_default_str();
+  f->add_option("--batch-size", o->schedule.batch_size,
+                "svi: sequences per global minibatch (drawn without replacement in an order keyed "
+                "by --seed and the pass, the same at any rank count)")
+      ->capture_default_str();
+  f->add_option("--tau0", o->schedule.tau0,
+                "svi: step size offset, rho_t = (tau0 + t)^-kappa at the t-th minibatch (t >= 1)")
+      ->capture_default_str();
+  f->add_option("--kappa", o->schedule.kappa, "svi: step size decay, in (0.5, 1]")
+      ->capture_default_str();
   f->add_option("--prior-start", o->cfg.prior_start,
-                "cavi: Dirichlet concentration of the initial distribution")
+                "cavi, svi: Dirichlet concentration of the initial distribution")
       ->capture_default_str();
   f->add_option("--prior-trans", o->cfg.prior_trans,
-                "cavi: Dirichlet concentration of each transition row")
+                "cavi, svi: Dirichlet concentration of each transition row")
       ->capture_default_str();
   f->add_option("--prior-emission", o->cfg.prior_emission,
-                "cavi, categorical: Dirichlet concentration of each emission row")
+                "cavi, svi, categorical: Dirichlet concentration of each emission row")
       ->capture_default_str();
-  f->add_option("--prior-beta", o->cfg.prior_beta,
-                "cavi, gaussian: Normal-Wishart beta0 (m0 = data mean, nu0 = D + 2, W0^-1 = nu0 "
-                "diag(data variance))")
+  f->add_option(
+       "--prior-beta", o->cfg.prior_beta,
+       "cavi, svi, gaussian: Normal-Wishart beta0 (m0 = data mean, nu0 = D + 2, W0^-1 = nu0 "
+       "diag(data variance))")
       ->capture_default_str();
   f->add_option("--min-covar", o->cfg.min_covar,
                 "em, gaussian: added to every covariance's diagonal in the M-step")
@@ -579,7 +628,7 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   engine::add_stop_options(f, o->stop);
   f->add_option("--out", o->out,
                 "Model file to write (HDF5: startprob, transmat, emissionprob or means and "
-                "covariances, posterior/ for cavi, traces, provenance)");
+                "covariances, posterior/ for cavi and svi, traces, provenance)");
   f->add_option("--posteriors", o->posteriors,
                 "File to write every step's state marginals to (dataset posteriors, T x K)");
   engine::add_checkpoint_options(f, o->files);

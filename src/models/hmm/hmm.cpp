@@ -30,33 +30,42 @@ double kl_dirichlet(const Eigen::VectorXd& a, double a0) {
   return s;
 }
 
-double logdet_spd(const Mat& m, const char* what) {
+// The lower Cholesky factor L of an SPD matrix (m = L L'): every inverse the HMM needs is a
+// triangular solve against L, never an explicit inverse (Golub & Van Loan 2013, section 4.2).
+Mat cholesky(const Mat& m, const std::string& what) {
   const Eigen::LLT<Mat> llt(m);
-  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
-  return 2.0 * llt.matrixLLT().diagonal().array().log().sum();
+  if (llt.info() != Eigen::Success) throw Error(what + " is not positive definite");
+  return llt.matrixL();
 }
 
-Mat inverse_spd(const Mat& m, const char* what) {
-  const Eigen::LLT<Mat> llt(m);
-  if (llt.info() != Eigen::Success) throw Error(std::string(what) + " is not positive definite");
-  return llt.solve(Mat::Identity(m.rows(), m.cols()));
+// ln|L L'| from the factor.
+double logdet_chol(const Mat& l) {
+  return 2.0 * l.diagonal().array().log().sum();
+}
+
+// What the Normal-Wishart KL needs of W = (L L')^-1 and W0 = (L0 L0')^-1, from the two factors:
+// ln|W|, ln|W0|, (m - m0)' W (m - m0) = |L^-1 (m - m0)|^2 and tr(W0^-1 W) = |L^-1 L0|_F^2.
+struct WishartTerms {
+  double logdet_w, logdet_w0, quad_m, trace_w0inv_w;
+};
+
+WishartTerms wishart_terms(const Mat& l, const Mat& l0, const Eigen::VectorXd& dm) {
+  const auto lower = l.triangularView<Eigen::Lower>();
+  return {-logdet_chol(l), -logdet_chol(l0), lower.solve(dm).squaredNorm(),
+          lower.solve(l0).squaredNorm()};
 }
 
 // KL(NW(m, beta, W, nu) || NW(m0, beta0, W0, nu0)) in p dimensions, as E[ln q] - E[ln p] with
 // Bishop 2006, eqs 10.74 and 10.77 (the Wishart normaliser B.79, entropy B.82, E ln|Lambda| B.81).
-double kl_normal_wishart(const Eigen::VectorXd& m, double beta, const Mat& w, double nu,
-                         const Eigen::VectorXd& m0, double beta0, const Mat& w0_inv, double nu0) {
-  const int p = static_cast<int>(m.size());
-  const double logdet_w = logdet_spd(w, "a posterior Wishart scale");
-  const double logdet_w0 = -logdet_spd(w0_inv, "the prior Wishart scale");
-  const double e_logdet = math::expected_logdet_wishart(logdet_w, nu, p);
-  const Eigen::VectorXd dm = m - m0;
+double kl_normal_wishart(int p, double beta, double nu, double beta0, double nu0,
+                         const WishartTerms& w) {
+  const double e_logdet = math::expected_logdet_wishart(w.logdet_w, nu, p);
   const double e_ln_q = 0.5 * e_logdet + 0.5 * p * std::log(beta / (2 * M_PI)) - 0.5 * p -
-                        math::wishart_entropy(logdet_w, nu, p, e_logdet);
+                        math::wishart_entropy(w.logdet_w, nu, p, e_logdet);
   const double e_ln_p = 0.5 * (p * std::log(beta0 / (2 * M_PI)) + e_logdet - p * beta0 / beta -
-                               beta0 * nu * dm.dot(w * dm)) +
-                        math::log_wishart_norm(logdet_w0, nu0, p) + 0.5 * (nu0 - p - 1) * e_logdet -
-                        0.5 * nu * (w0_inv * w).trace();
+                               beta0 * nu * w.quad_m) +
+                        math::log_wishart_norm(w.logdet_w0, nu0, p) +
+                        0.5 * (nu0 - p - 1) * e_logdet - 0.5 * nu * w.trace_w0inv_w;
   return e_ln_q - e_ln_p;
 }
 }  // namespace
@@ -68,7 +77,7 @@ const char* name(Covariance c) {
   return c == Covariance::kFull ? "full" : "diag";
 }
 const char* name(Algorithm a) {
-  return a == Algorithm::kEm ? "em" : "cavi";
+  return a == Algorithm::kEm ? "em" : a == Algorithm::kCavi ? "cavi" : "svi";
 }
 
 // --- Stats
@@ -148,6 +157,7 @@ Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
         w0_inv_(j, j) = (d_ + 2.0) * std::max(data.var[static_cast<std::size_t>(j)], 1e-12);
       }
     }
+    w0_chol_ = cholesky(w0_inv_, "the prior Wishart scale's inverse");
   }
   refresh();
 }
@@ -155,7 +165,7 @@ Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
 void Model::init_random(std::uint64_t seed) {
   const CounterRng rng(seed, Stream::kHmmInit);
   auto u = [&](std::uint64_t i) { return rng.uniform2(i, 0)[0]; };
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   const double n = static_cast<double>(data_.sequences), t = static_cast<double>(data_.steps);
   // Positive random weights, normalised (EM) or turned into pseudo-counts of the data's size (VB).
   for (int k = 0; k < k_; ++k) p_start_[k] = vb ? cfg_.prior_start + n / k_ : 1.0 / k_;
@@ -176,7 +186,7 @@ void Model::init_random(std::uint64_t seed) {
   }
   if (d_ > 0) {
     // Means: the data mean plus one standard deviation of noise per dimension; covariances: the
-    // data's variances (VB: as the Wishart's expected precision nu W).
+    // data's variances (VB: as the Wishart's expected precision nu W, so W^-1 = nu var).
     for (int k = 0; k < k_; ++k) {
       for (int j = 0; j < d_; ++j) {
         const double z = rng.normal2(kTagMean | static_cast<std::uint64_t>(k * d_ + j), 0)[0];
@@ -187,7 +197,7 @@ void Model::init_random(std::uint64_t seed) {
       RowMatrix c = RowMatrix::Zero(d_, d_);
       for (int j = 0; j < d_; ++j) {
         const double var = w0_inv_(j, j) / (d_ + 2.0);
-        c(j, j) = vb ? 1.0 / (var * nu_[k]) : var;
+        c(j, j) = vb ? var * nu_[k] : var;
       }
       cov_[static_cast<std::size_t>(k)] = c;
     }
@@ -196,7 +206,7 @@ void Model::init_random(std::uint64_t seed) {
 }
 
 void Model::refresh() {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   // VB: exp E[ln pi_k] = exp(psi(alpha_k) - psi(sum alpha)) (Beal 2003, ch. 3), and likewise
   // for each row of A and of B: sub-normalised.
   auto expected_log = [](const double* a, std::int64_t n, double* out) {
@@ -229,34 +239,36 @@ void Model::refresh() {
     }
   }
   if (d_ > 0) {
-    prec_.assign(static_cast<std::size_t>(k_), RowMatrix::Zero(d_, d_));
+    chol_.assign(static_cast<std::size_t>(k_), RowMatrix());
+    quad_scale_ = vb ? nu_ : Eigen::VectorXd(Eigen::VectorXd::Ones(k_));
     gauss_const_.resize(k_);
     const bool diag = cfg_.covariance == Covariance::kDiag;
     for (int k = 0; k < k_; ++k) {
+      // c is Sigma (EM) or W^-1 (VB): either way ln|c| gives the precision's log-determinant.
       const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
-      RowMatrix& p = prec_[static_cast<std::size_t>(k)];
-      double logdet_prec = 0;  // EM: ln|Sigma^-1|; VB: E[ln|Lambda|]
+      double logdet_c = 0;
       if (diag) {
         for (int j = 0; j < d_; ++j) {
           if (!(c(j, j) > 0) || !std::isfinite(c(j, j)))
             throw Error("the variance " + std::to_string(j) + " of state " + std::to_string(k) +
                         " is not a finite positive number");
-          if (vb) {
-            p(j, j) = nu_[k] * c(j, j);
-            logdet_prec += math::expected_logdet_wishart(std::log(c(j, j)), nu_[k], 1);
-          } else {
-            p(j, j) = 1.0 / c(j, j);
-            logdet_prec -= std::log(c(j, j));
-          }
+          logdet_c += std::log(c(j, j));
         }
-      } else if (vb) {
-        p = nu_[k] * c;
-        logdet_prec =
-            math::expected_logdet_wishart(logdet_spd(c, "a Wishart scale matrix"), nu_[k], d_);
       } else {
-        const std::string what = "the covariance of state " + std::to_string(k);
-        p = inverse_spd(c, what.c_str());
-        logdet_prec = -logdet_spd(c, what.c_str());
+        const std::string what = vb ? "the inverse Wishart scale of state " + std::to_string(k)
+                                    : "the covariance of state " + std::to_string(k);
+        chol_[static_cast<std::size_t>(k)] = cholesky(c, what);
+        logdet_c = logdet_chol(chol_[static_cast<std::size_t>(k)]);
+      }
+      // EM: ln|Sigma^-1| = -ln|Sigma|. VB: E[ln|Lambda|] with ln|W| = -ln|W^-1| (Bishop 2006,
+      // eq. 10.65); diagonal VB has one Normal-Gamma per dimension, so one expectation each.
+      double logdet_prec = -logdet_c;
+      if (vb && diag) {
+        logdet_prec = 0;
+        for (int j = 0; j < d_; ++j)
+          logdet_prec += math::expected_logdet_wishart(-std::log(c(j, j)), nu_[k], 1);
+      } else if (vb) {
+        logdet_prec = math::expected_logdet_wishart(-logdet_c, nu_[k], d_);
       }
       // ln N(x | mu, Lambda^-1) = 1/2 ln|Lambda| - D/2 ln 2 pi - 1/2 (x - mu)' Lambda (x - mu); VB
       // takes its expectation under the Normal-Wishart (Bishop 2006, eq. 10.64): the extra
@@ -298,19 +310,23 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
   for (std::int64_t t = 0; t < T; ++t) {
     const double* x = &s.x(t0 + t, 0);
     for (int k = 0; k < k_; ++k) {
-      const RowMatrix& p = prec_[static_cast<std::size_t>(k)];
       for (int j = 0; j < d_; ++j) dx[static_cast<std::size_t>(j)] = x[j] - means_(k, j);
       double q = 0;
       if (diag) {
-        for (int j = 0; j < d_; ++j) q += p(j, j) * dx[j] * dx[j];
+        const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+        for (int j = 0; j < d_; ++j) q += dx[j] * dx[j] / c(j, j);
       } else {
+        // (x - mu)' (L L')^-1 (x - mu) = |y|^2 with L y = x - mu, by forward substitution.
+        const RowMatrix& l = chol_[static_cast<std::size_t>(k)];
         for (int i = 0; i < d_; ++i) {
-          double r = 0;
-          for (int j = 0; j < d_; ++j) r += p(i, j) * dx[static_cast<std::size_t>(j)];
-          q += dx[static_cast<std::size_t>(i)] * r;
+          double r = dx[static_cast<std::size_t>(i)];
+          for (int j = 0; j < i; ++j) r -= l(i, j) * dx[static_cast<std::size_t>(j)];
+          r /= l(i, i);
+          dx[static_cast<std::size_t>(i)] = r;
+          q += r * r;
         }
       }
-      w.b(t, k) = gauss_const_[k] - 0.5 * q;
+      w.b(t, k) = gauss_const_[k] - 0.5 * quad_scale_[k] * q;
     }
   }
 }
@@ -425,8 +441,17 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
 }
 
 void Model::local_step(Stats& stats, std::span<double> terms) {
+  local_step(stats, terms, nullptr, seqs_->n());
+}
+
+void Model::local_step(Stats& stats, std::span<double> terms, std::span<const std::int64_t> rows) {
+  local_step(stats, terms, rows.data(), static_cast<std::int64_t>(rows.size()));
+}
+
+void Model::local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows,
+                       std::int64_t n) {
   const Sequences& s = *seqs_;
-  const std::int64_t n = s.n();
+  const bool all = rows == nullptr;
   const int n_threads =
       static_cast<int>(std::min<std::int64_t>(max_threads(), std::max<std::int64_t>(n, 1)));
   // Threads other than the first count into their own statistics, added afterwards: integers, so
@@ -437,14 +462,25 @@ void Model::local_step(Stats& stats, std::span<double> terms) {
   parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
     Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
     for (std::int64_t q = s0; q < s1; ++q)
-      terms[static_cast<std::size_t>(q)] =
-          forward_backward(s, q, work[static_cast<std::size_t>(tid)], &acc, nullptr);
+      terms[static_cast<std::size_t>(q)] = forward_backward(
+          s, all ? q : rows[q], work[static_cast<std::size_t>(tid)], &acc, nullptr);
   });
   for (int t = 0; t < n_threads - 1; ++t) stats += work_[static_cast<std::size_t>(t)];
 }
 
 void Model::update(const Stats& st) {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  set_target(st, 1.0);
+  refresh();
+}
+
+void Model::set_target(const Stats& stats, double scale) {
+  const bool vb = variational();
+  // The statistics times `scale` (N / |B| for a minibatch; exactly themselves for a full batch).
+  struct Scaled {
+    const Stats& s;
+    double scale;
+    double value(int section, std::int64_t i) const { return scale * s.value(section, i); }
+  } st{stats, scale};
   // Start and transitions: EM normalises the expected counts (Bishop 2006, eqs 13.18-13.19); VB
   // adds them to the Dirichlet prior (Beal 2003, ch. 3). A row no count reached keeps its
   // EM estimate.
@@ -521,19 +557,90 @@ void Model::update(const Stats& st) {
         w_inv += sxx - n * xbar * xbar.transpose() + (beta0 * n / beta_[k]) * dm * dm.transpose();
       }
       means_.row(k) = m.transpose();
-      if (diag) {
-        c = RowMatrix::Zero(d_, d_);
-        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / w_inv(j, j);
-      } else {
-        c = inverse_spd(0.5 * (w_inv + w_inv.transpose()), "a Wishart scale's inverse");
-      }
+      if (diag)
+        c = RowMatrix(w_inv.diagonal().asDiagonal());
+      else
+        c = 0.5 * (w_inv + w_inv.transpose());
     }
   }
+}
+
+// The state as the natural parameters that SVI averages (Hoffman et al. 2013, section 2.4; Foti et
+// al. 2014): the Dirichlet concentrations (their natural parameter alpha - 1 differs by a constant
+// that a convex combination keeps), and per Gaussian state the Normal-Wishart's (beta,
+// beta (m - m0), W^-1 + beta (m - m0)(m - m0)', nu) (Bishop 2006, eqs 10.60-10.63 are their sums
+// with the statistics). They are taken about the prior mean m0: a linear change of coordinates of
+// the natural parameters, so the average is the same, but W^-1 recovered by the subtraction below
+// loses only bits of the data's spread about m0, not of their distance from the origin.
+struct Model::Natural {
+  Eigen::VectorXd start, beta, nu;
+  RowMatrix trans, emit, bm;      // bm: beta (m - m0), K x D
+  std::vector<RowMatrix> second;  // W^-1 + beta (m - m0)(m - m0)' (diagonal for diag)
+};
+
+Model::Natural Model::natural() const {
+  Natural n{p_start_, beta_, nu_, p_trans_, p_emit_, RowMatrix(), {}};
+  if (d_ == 0) return n;
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  n.bm.resize(k_, d_);
+  for (int k = 0; k < k_; ++k) {
+    const Eigen::VectorXd dm = means_.row(k).transpose() - m0_;
+    n.bm.row(k) = beta_[k] * dm.transpose();
+    RowMatrix c = cov_[static_cast<std::size_t>(k)];
+    if (diag)
+      c.diagonal() += beta_[k] * dm.cwiseAbs2();
+    else
+      c += beta_[k] * dm * dm.transpose();
+    n.second.push_back(std::move(c));
+  }
+  return n;
+}
+
+void Model::set_natural(const Natural& n) {
+  p_start_ = n.start;
+  p_trans_ = n.trans;
+  p_emit_ = n.emit;
+  if (d_ == 0) return;
+  beta_ = n.beta;
+  nu_ = n.nu;
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  for (int k = 0; k < k_; ++k) {
+    const Eigen::VectorXd bm = n.bm.row(k).transpose();
+    means_.row(k) = (m0_ + bm / beta_[k]).transpose();
+    RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+    c = n.second[static_cast<std::size_t>(k)];
+    if (diag) {
+      c.diagonal() -= bm.cwiseAbs2() / beta_[k];
+    } else {
+      c -= bm * bm.transpose() / beta_[k];
+      c = (0.5 * (c + c.transpose())).eval();
+    }
+  }
+}
+
+void Model::update_stochastic(const Stats& st, double rho, double scale) {
+  // lambda <- (1 - rho) lambda + rho lambda_hat, where lambda_hat = prior + scale * statistics is
+  // the CAVI update as if the minibatch were the whole data set repeated N / |B| times (Hoffman et
+  // al. 2013, section 2.4).
+  const Natural old = natural();
+  set_target(st, scale);
+  const Natural hat = natural();
+  auto mix = [rho](const auto& a, const auto& b) { return ((1 - rho) * a + rho * b).eval(); };
+  Natural n{mix(old.start, hat.start),
+            mix(old.beta, hat.beta),
+            mix(old.nu, hat.nu),
+            mix(old.trans, hat.trans),
+            mix(old.emit, hat.emit),
+            mix(old.bm, hat.bm),
+            {}};
+  for (std::size_t k = 0; k < old.second.size(); ++k)
+    n.second.push_back(mix(old.second[k], hat.second[k]));
+  set_natural(n);
   refresh();
 }
 
 double Model::global_objective() const {
-  if (cfg_.algorithm != Algorithm::kCavi) return 0.0;
+  if (!variational()) return 0.0;
   // Serial, in a fixed order: the same on every rank.
   double kl = kl_dirichlet(p_start_, cfg_.prior_start);
   for (int i = 0; i < k_; ++i) kl += kl_dirichlet(p_trans_.row(i).transpose(), cfg_.prior_trans);
@@ -544,16 +651,19 @@ double Model::global_objective() const {
   }
   const double nu0 = d_ + 2.0;
   for (int k = 0; k < k_; ++k) {
-    const RowMatrix& w = cov_[static_cast<std::size_t>(k)];
+    const RowMatrix& c = cov_[static_cast<std::size_t>(k)];  // W^-1
     if (cfg_.covariance == Covariance::kDiag) {
-      for (int j = 0; j < d_; ++j)
-        kl += kl_normal_wishart(Eigen::VectorXd::Constant(1, means_(k, j)), beta_[k],
-                                Mat::Constant(1, 1, w(j, j)), nu_[k],
-                                Eigen::VectorXd::Constant(1, m0_[j]), cfg_.prior_beta,
-                                Mat::Constant(1, 1, w0_inv_(j, j)), nu0);
+      // One Normal-Gamma per dimension: the 1 x 1 terms directly.
+      for (int j = 0; j < d_; ++j) {
+        const double dm = means_(k, j) - m0_[j];
+        kl += kl_normal_wishart(1, beta_[k], nu_[k], cfg_.prior_beta, nu0,
+                                {-std::log(c(j, j)), -std::log(w0_inv_(j, j)), dm * dm / c(j, j),
+                                 w0_inv_(j, j) / c(j, j)});
+      }
     } else {
-      kl += kl_normal_wishart(means_.row(k).transpose(), beta_[k], w, nu_[k], m0_, cfg_.prior_beta,
-                              w0_inv_, nu0);
+      const Eigen::VectorXd dm = means_.row(k).transpose() - m0_;
+      kl += kl_normal_wishart(d_, beta_[k], nu_[k], cfg_.prior_beta, nu0,
+                              wishart_terms(chol_[static_cast<std::size_t>(k)], w0_chol_, dm));
     }
   }
   return -kl;
@@ -561,7 +671,7 @@ double Model::global_objective() const {
 
 void Model::point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMatrix& means,
                          std::vector<RowMatrix>& cov) const {
-  const bool vb = cfg_.algorithm == Algorithm::kCavi;
+  const bool vb = variational();
   pi = vb ? Eigen::VectorXd(p_start_ / p_start_.sum()) : p_start_;
   a = p_trans_;
   if (vb)
@@ -571,17 +681,8 @@ void Model::point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMat
     for (int k = 0; k < k_; ++k) b.row(k) /= b.row(k).sum();
   means = means_;
   cov = cov_;
-  if (vb && d_ > 0)  // the inverse of the expected precision, (nu W)^-1
-    for (int k = 0; k < k_; ++k) {
-      const RowMatrix p = prec_[static_cast<std::size_t>(k)];
-      RowMatrix& c = cov[static_cast<std::size_t>(k)];
-      if (cfg_.covariance == Covariance::kDiag) {
-        c = RowMatrix::Zero(d_, d_);
-        for (int j = 0; j < d_; ++j) c(j, j) = 1.0 / p(j, j);
-      } else {
-        c = inverse_spd(p, "an expected precision");
-      }
-    }
+  if (vb && d_ > 0)  // the inverse of the expected precision, (nu W)^-1 = W^-1 / nu
+    for (int k = 0; k < k_; ++k) cov[static_cast<std::size_t>(k)] /= nu_[k];
 }
 
 namespace {
@@ -646,7 +747,7 @@ void Model::save(engine::StateWriter& w) const {
   w.attr("n_states", static_cast<std::int64_t>(k_));
   if (v_ > 0) w.attr("n_symbols", v_);
   if (d_ > 0) w.attr("n_features", static_cast<std::int64_t>(d_));
-  if (cfg_.algorithm != Algorithm::kCavi) {
+  if (!variational()) {
     if (d_ > 0) w.attr("min_covar", cfg_.min_covar);
     return;
   }
@@ -662,7 +763,24 @@ void Model::save(engine::StateWriter& w) const {
   w.array("posterior/m", flat(means_), {K, U(d_)});
   w.array("posterior/beta", std::span<const double>(beta_.data(), K), {K});
   w.array("posterior/nu", std::span<const double>(nu_.data(), K), {K});
-  write_cov(w, "posterior/W", cov_, diag);
+  // The file keeps hmmlearn's and Bishop's posterior/W, which users read: the one place W itself
+  // is formed, from the factor (W = L^-T L^-1, triangular solves against the identity). The state
+  // is W^-1 (posterior/W_inv), which load() reads, so a resume continues from the same bits.
+  std::vector<RowMatrix> scale(static_cast<std::size_t>(k_));
+  for (int k = 0; k < k_; ++k) {
+    const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
+    RowMatrix& out = scale[static_cast<std::size_t>(k)];
+    if (diag) {
+      out = RowMatrix::Zero(d_, d_);
+      for (int j = 0; j < d_; ++j) out(j, j) = 1.0 / c(j, j);
+    } else {
+      const Mat l_inv = chol_[static_cast<std::size_t>(k)].triangularView<Eigen::Lower>().solve(
+          Mat::Identity(d_, d_));
+      out = l_inv.transpose() * l_inv;
+    }
+  }
+  write_cov(w, "posterior/W", scale, diag);
+  write_cov(w, "posterior/W_inv", cov_, diag);
   w.array("prior/m", std::span<const double>(m0_.data(), U(d_)), {U(d_)});
   w.array("prior/W_inv", flat(w0_inv_), {U(d_), U(d_)});
   w.attr("prior_beta", cfg_.prior_beta);
@@ -670,7 +788,7 @@ void Model::save(engine::StateWriter& w) const {
 }
 
 void Model::load(const engine::StateReader& r) {
-  if (cfg_.algorithm != Algorithm::kCavi) {
+  if (!variational()) {
     load_point(r);
     return;
   }
@@ -696,7 +814,7 @@ void Model::load(const engine::StateReader& r) {
     beta_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
     v = get("posterior/nu", {K});
     nu_ = Eigen::Map<const Eigen::VectorXd>(v.data(), k_);
-    cov_ = read_cov(r, "posterior/W", k_, d_, diag);
+    cov_ = read_cov(r, "posterior/W_inv", k_, d_, diag);
   }
   refresh();
 }

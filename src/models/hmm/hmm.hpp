@@ -1,7 +1,8 @@
 #pragma once
 // Hidden Markov models with categorical or Gaussian emissions over ragged sequences, fitted by
 // Baum-Welch EM (Baum et al. 1970; Rabiner 1989) or by variational Bayes (CAVI: MacKay 1997;
-// Beal 2003, ch. 3):
+// Beal 2003, ch. 3; SVI over minibatches of whole sequences: Hoffman et al. 2013; Foti et al.
+// 2014):
 //
 //   z_1 ~ Cat(pi),  z_t | z_{t-1} = j ~ Cat(A_j),  x_t | z_t = k ~ p(x | theta_k)
 //
@@ -43,7 +44,7 @@ using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::R
 
 enum class Emission { kCategorical, kGaussian };
 enum class Covariance { kFull, kDiag };
-enum class Algorithm { kEm, kCavi };
+enum class Algorithm { kEm, kCavi, kSvi };
 
 const char* name(Emission e);
 const char* name(Covariance c);
@@ -118,6 +119,8 @@ class Model {
   Model(const Config& cfg, const Sequences* seqs, const DataSummary& data);
 
   const Config& config() const { return cfg_; }
+  // CAVI and SVI fit the same variational posterior; EM fits point estimates.
+  bool variational() const { return cfg_.algorithm != Algorithm::kEm; }
   // Random initial parameters keyed by (seed, kHmmInit, index): identical on every rank.
   void init_random(std::uint64_t seed);
 
@@ -130,6 +133,12 @@ class Model {
   void save(engine::StateWriter& w) const;
   void load(const engine::StateReader& r);
   std::vector<engine::LocalState> local_states() { return {}; }
+
+  // --- the engine's stochastic concept (engine/stochastic.hpp), VB only
+  // The local step over the listed local sequences only (terms: one per listed sequence).
+  void local_step(Stats& stats, std::span<double> terms, std::span<const std::int64_t> rows);
+  // The natural-gradient step with step size rho, the statistics scaled by N / |B|.
+  void update_stochastic(const Stats& stats, double rho, double scale);
 
   // Loads the point parameters (startprob, transmat, emissionprob or means/covariances) of any
   // hmm model file, to score or decode with.
@@ -161,7 +170,14 @@ class Model {
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
                           double* gamma) const;
+  // The local step over local sequences rows[0, n) (rows: null for every sequence, n = s.n()).
+  void local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows, std::int64_t n);
   void refresh();  // recompute the forward-backward parameters from the state
+  // The M-step / CAVI update from the statistics times `scale`, without refresh().
+  void set_target(const Stats& stats, double scale);
+  struct Natural;
+  Natural natural() const;
+  void set_natural(const Natural& n);
   void point_params(Eigen::VectorXd& pi, RowMatrix& a, RowMatrix& b, RowMatrix& means,
                     std::vector<RowMatrix>& cov) const;
 
@@ -172,17 +188,22 @@ class Model {
   std::int64_t v_;
   // EM state: pi, A, B (K x V) or means (K x D) and covariances (K of D x D; diagonal for diag).
   // VB state: Dirichlet parameters (alpha_start K, alpha_trans K x K, alpha_emit K x V) or
-  // Normal-Wishart (m K x D, beta K, W K of D x D, nu K).
+  // Normal-Wishart (m K x D, beta K, W^-1 K of D x D, nu K). VB keeps W^-1, not W: the update
+  // produces W^-1, and the covariance estimate W^-1 / nu needs no inverse.
   Eigen::VectorXd p_start_;
   RowMatrix p_trans_, p_emit_, means_;
-  std::vector<RowMatrix> cov_;  // EM: Sigma_k; VB: W_k
+  std::vector<RowMatrix> cov_;  // EM: Sigma_k; VB: W_k^-1 (diagonal for diag)
   Eigen::VectorXd beta_, nu_;
   Eigen::VectorXd m0_;
   RowMatrix w0_inv_;
+  RowMatrix w0_chol_;  // Gaussian: the lower Cholesky factor of W0^-1
   // Derived: the forward-backward's parameters.
   Eigen::VectorXd pi_;
-  RowMatrix a_, log_b_t_;        // A (K x K); categorical: log B^T (V x K)
-  std::vector<RowMatrix> prec_;  // Gaussian: precision (EM: Sigma^-1; VB: nu W)
+  RowMatrix a_, log_b_t_;  // A (K x K); categorical: log B^T (V x K)
+  // Gaussian, full: the lower Cholesky factor L_k of cov_[k]; the expected precision is
+  // quad_scale_[k] (L_k L_k')^-1 (EM: 1; VB: nu_k), applied by a triangular solve.
+  std::vector<RowMatrix> chol_;
+  Eigen::VectorXd quad_scale_;
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
   std::vector<Stats> work_;
 };
