@@ -343,7 +343,8 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           store(norm + j, n0);
         }
         const V8 tiny = splat(1e-100);
-        for (j = 0; j < mp; j += kLanes) store(ratio + j, load8(cnt + j) / (load8(norm + j) + tiny));
+        for (j = 0; j < mp; j += kLanes)
+          store(ratio + j, load8(cnt + j) / (load8(norm + j) + tiny));
       };
       // acc_k = sum_w ratio_w b_wk: four topics at a time, eight words per vector, summed over
       // the lanes in a fixed order at the end.
