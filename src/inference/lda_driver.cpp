@@ -232,6 +232,23 @@ Corpus read_heldout(const Comm& comm, const Inputs& in, const io::CorpusInfo& in
   return c;
 }
 
+// The summary's account of the corpus, and the seconds since t0 spent reading it.
+FitResult corpus_result(const io::CorpusInfo& info, std::chrono::steady_clock::time_point t0) {
+  FitResult res;
+  res.read_seconds = seconds_since(t0);
+  res.documents = info.n_docs;
+  res.words = info.n_words;
+  res.tokens = info.tokens;
+  return res;
+}
+
+// The starting model (Model::init_random), with alpha and eta 1/K unless given.
+Model initial_model(const FitOptions& o, std::int64_t n_words) {
+  Model m(o.topics, n_words, o.alpha.value_or(1.0 / o.topics), o.eta.value_or(1.0 / o.topics));
+  m.init_random(o.seed);
+  return m;
+}
+
 // The model file of --out (collective): the engine's, with the names LDA's files have always
 // used (trace/elbo, trace/perplexity, attribute elbo), the vocabulary and the SVI settings.
 void write_model(const Comm& comm, const FitOptions& o, const Model& model, const io::DataRef& ref,
@@ -301,16 +318,10 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
     info.tokens = static_cast<double>(tokens);
   }
   if (!(info.tokens > 0)) throw Error(in.data.str() + " has no tokens (every document is empty)");
-  FitResult res;
-  res.read_seconds = seconds_since(t0);
-  res.documents = info.n_docs;
-  res.words = info.n_words;
-  res.tokens = info.tokens;
+  FitResult res = corpus_result(info, t0);
 
-  const double alpha = o.alpha.value_or(1.0 / o.topics);
-  const double eta = o.eta.value_or(1.0 / o.topics);
-  Model model(o.topics, info.n_words, alpha, eta);
-  model.init_random(o.seed);
+  Model model = initial_model(o, info.n_words);
+  const double alpha = model.alpha(), eta = model.eta();
   if (!o.checkpoint.empty() || !o.resume.empty()) {
     ckpt::Fingerprint fp = fingerprint(comm, o, in.data, info, o.stream ? &indptr : nullptr,
                                        in.heldout ? &*in.heldout : nullptr, alpha, eta);
@@ -358,18 +369,12 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
   Corpus held_corpus;
   std::int64_t held_docs = 0;
   if (in.heldout) held_corpus = read_heldout(comm, in, info, &held_docs);
-  FitResult res;
-  res.read_seconds = seconds_since(t0);
-  res.documents = info.n_docs;
-  res.words = info.n_words;
-  res.tokens = info.tokens;
+  FitResult res = corpus_result(info, t0);
   if (!o.stream && !(info.tokens > 0))
     throw Error(ref.str() + " has no tokens (every document is empty)");
 
-  const double alpha = o.alpha.value_or(1.0 / o.topics);
-  const double eta = o.eta.value_or(1.0 / o.topics);
-  Model model(o.topics, info.n_words, alpha, eta);
-  model.init_random(o.seed);
+  Model model = initial_model(o, info.n_words);
+  const double alpha = model.alpha(), eta = model.eta();
   // Every expected count lies in [0, total tokens]: one scale serves every step and rank.
   Stats stats(o.topics, info.n_words, fixed_point_scale(std::max(info.tokens, 1.0)));
   std::vector<double> terms;
