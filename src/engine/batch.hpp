@@ -52,20 +52,22 @@ concept BatchModel = requires(M& m, const M& cm, typename M::Stats& s, std::span
   { m.local_states() } -> std::same_as<std::vector<LocalState>>;
 };
 
-struct BatchRun {
+// What every driver is given: where the fit runs, and how it stops, checkpoints and reports.
+struct Run {
   const Comm* comm = nullptr;
-  StopRule stop;
+  StopRule stop;  // max_iter: iterations (batch) or passes over the rows (stochastic)
   Checkpointer* checkpoint = nullptr;
   RowRange rows;                 // this rank's rows of the data
   std::int64_t global_rows = 0;  // every rank's
-  Progress progress;             // called on every rank after each iteration (may be empty)
+  Progress progress;             // called on every rank after each iteration or pass (may be empty)
   std::function<double()>
       heldout;                    // collective held-out metric of the current state (may be empty)
   std::vector<Counter> counters;  // carried across a resume (engine/checkpoint.hpp)
 };
+using BatchRun = Run;
 
 namespace detail {
-inline std::vector<RowState> row_states(std::vector<LocalState> local, const BatchRun& run) {
+inline std::vector<RowState> row_states(std::vector<LocalState> local, const Run& run) {
   std::vector<RowState> out;
   for (LocalState& l : local) out.push_back({std::move(l), run.global_rows, run.rows});
   return out;

@@ -64,15 +64,8 @@ struct Schedule {
   std::uint64_t seed = 0;         // of the minibatch order
 };
 
-struct StochasticRun {
-  const Comm* comm = nullptr;
-  StopRule stop;  // max_iter: passes
-  Checkpointer* checkpoint = nullptr;
-  RowRange rows;                 // this rank's rows of the data
-  std::int64_t global_rows = 0;  // every rank's
+struct StochasticRun : Run {
   Schedule schedule;
-  Progress progress;                // called on every rank after each pass (may be empty)
-  std::function<double()> heldout;  // collective held-out metric of the current state
 };
 
 template <StochasticModel M>
@@ -81,6 +74,7 @@ RunResult fit_stochastic(M& model, const StochasticRun& run) {
   Checkpointer& ck = *run.checkpoint;
   const Schedule& sc = run.schedule;
   ck.restore_model([&](const StateReader& r) { model.load(r); });
+  ck.restore_counters(run.counters);
   RunResult res;
   res.trace = ck.trace();
   FitClock clock(ck.elapsed());
@@ -89,7 +83,8 @@ RunResult fit_stochastic(M& model, const StochasticRun& run) {
   std::vector<double> terms, pass_terms;
   double local_seconds = 0, reduce_seconds = 0;
   for (int pass = ck.iteration(); pass < run.stop.max_iter; ++pass) {
-    ck.boundary(pass, res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {});
+    ck.boundary(
+        pass, res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {}, run.counters);
     const EpochPermutation perm(static_cast<std::uint64_t>(n), sc.seed,
                                 static_cast<std::uint32_t>(pass));
     pass_terms.clear();

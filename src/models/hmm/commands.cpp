@@ -252,26 +252,19 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
                   r.iteration, what, r.objective, r.seconds);
     print_progress(ctx, line);
   };
+  engine::Run run;
+  run.comm = &comm;
+  run.stop = o.stop;
+  run.checkpoint = &ck;
+  run.rows = d.rows;
+  run.global_rows = d.summary.sequences;
+  run.progress = progress;
   engine::RunResult res;
   if (svi) {
-    engine::StochasticRun run;
-    run.comm = &comm;
-    run.stop = o.stop;
-    run.checkpoint = &ck;
-    run.rows = d.rows;
-    run.global_rows = d.summary.sequences;
-    run.schedule = o.schedule;
-    run.schedule.seed = o.seed;
-    run.progress = progress;
-    res = engine::fit_stochastic(model, run);
+    engine::StochasticRun srun{run, o.schedule};
+    srun.schedule.seed = o.seed;
+    res = engine::fit_stochastic(model, srun);
   } else {
-    engine::BatchRun run;
-    run.comm = &comm;
-    run.stop = o.stop;
-    run.checkpoint = &ck;
-    run.rows = d.rows;
-    run.global_rows = d.summary.sequences;
-    run.progress = progress;
     res = engine::fit_batch(model, run);
   }
   if (!o.out.empty()) {
