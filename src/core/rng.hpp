@@ -23,6 +23,7 @@ enum class Stream : std::uint32_t {
   kHmmInit = 12,      // HMM initial parameters
   kHmmGenerate = 13,  // synthetic HMM sequences
   kHmmSample = 14,    // sequences sampled from a fitted HMM
+  kGmmSample = 15,    // rows sampled from a fitted Gaussian mixture
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -6,6 +6,7 @@
 #include "core/partition.hpp"
 #include "core/rng.hpp"
 #include "io/h5.hpp"
+#include "models/gmm/sample.hpp"
 
 namespace caviar {
 
@@ -70,31 +71,15 @@ void write_samples(const Comm& comm, const std::string& file, const std::vector<
     const int d = static_cast<int>(s.means.cols());
     if (smp.n < 1) throw Error("--n must be >= 1");
     if (k < 1 || d < 1) throw Error("--components and --dim must be >= 1");
-    std::vector<MatrixXd> chol;
-    for (const auto& c : s.covs) chol.push_back(c.llt().matrixL());
+    gmm::Mixture mix{s.weights, s.means, {}};
+    for (const auto& c : s.covs) mix.chol.push_back(c.llt().matrixL());
     // Each sample of a file gets its own counter range (the step's high bits).
     const CounterRng rng(seed, Stream::kGenerateRows);
     const std::uint32_t step0 = sample_id++ << 20;
     const RowRange range = partition_rows(smp.n, comm.size(), comm.rank());
     io::RowMatrix x(range.size(), d);
-    std::vector<std::int64_t> z(static_cast<std::size_t>(range.size()));
-    VectorXd eps(d);
-    for (std::int64_t i = 0; i < range.size(); ++i) {
-      const auto n = static_cast<std::uint64_t>(range.begin + i);
-      // Component by inverse CDF of the weights, then x = mu + L eps.
-      double u = rng.uniform2(n, step0)[0], cum = 0;
-      int c = k - 1;
-      for (int j = 0; j < k; ++j) {
-        cum += s.weights[j];
-        if (u < cum) {
-          c = j;
-          break;
-        }
-      }
-      for (int j = 0; j < d; ++j) eps[j] = rng.normal2(n, step0 + 1 + j / 2)[j % 2];
-      x.row(i) = s.means.row(c) + (chol[c] * eps).transpose();
-      z[static_cast<std::size_t>(i)] = c;
-    }
+    std::vector<std::int64_t> z;
+    gmm::draw_rows(mix, rng, step0, range.begin, x, z);
     const auto slash = smp.path.rfind('/');
     const std::string parent = smp.path.substr(0, slash == std::string::npos ? 0 : slash);
     const auto ud = static_cast<std::uint64_t>(d);
