@@ -1,4 +1,4 @@
-// caviar gmm fit | score | predict
+// caviar gmm fit | score | predict | sample
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -40,9 +40,13 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
                   "ELBO; EM: log-likelihood) is below this (0: never)")
       ->capture_default_str();
   fit->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  fit->add_option("--init", o->init,
-                  "kmeans++ | random | FILE.h5:/resp (N x K) [default: kmeans++; random with "
-                  "--stream]");
+  auto* init = fit->add_option("--init", o->init,
+                               "kmeans++ | random | FILE.h5:/resp (N x K) [default: kmeans++; "
+                               "random with --stream]");
+  fit->add_option("--init-params", o->init_params,
+                  "Start from the responsibilities of a mixture in FILE.h5 (/weights, /means, "
+                  "/covariances: e.g. a model file of gmm fit, for a warm start)")
+      ->excludes(init);
   fit->add_option("--kmeans-iter", o->kmeans_iter, "Lloyd steps after k-means++ seeding")
       ->capture_default_str();
   fit->add_option("--alpha0,--concentration", o->alpha0,
@@ -192,6 +196,24 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       const auto n = gmm::predict(*ctx.comm, *model, *data, *out, *save_resp);
       nlohmann::ordered_json j;
       j["n"] = n;
+      j["out"] = *out;
+      print_summary(ctx, j);
+    };
+  });
+
+  // sample
+  auto n_rows = std::make_shared<std::int64_t>(0);
+  auto seed = std::make_shared<std::uint64_t>(0);
+  auto* sample = gmm->add_subcommand("sample", "Draw rows from a fitted mixture (/X and /labels)");
+  sample->add_option("--model", *model, "Model file written by gmm fit")->required();
+  sample->add_option("--n", *n_rows, "Rows to draw")->required();
+  sample->add_option("--seed", *seed, "Random seed (the rows do not depend on the rank count)");
+  sample->add_option("--out", *out, "File to write (HDF5: /X, /labels)")->required();
+  sample->callback([&ctx, model, n_rows, seed, out] {
+    ctx.action = [&ctx, model, n_rows, seed, out] {
+      gmm::sample(*ctx.comm, *model, *n_rows, *seed, *out);
+      nlohmann::ordered_json j;
+      j["n"] = *n_rows;
       j["out"] = *out;
       print_summary(ctx, j);
     };

@@ -13,6 +13,7 @@
 #include "io/h5.hpp"
 #include "io/h5_stream.hpp"
 #include "models/gmm/init.hpp"
+#include "models/gmm/sample.hpp"
 
 namespace caviar::gmm {
 
@@ -259,13 +260,79 @@ void accumulate_sliced(const Model& model, const RowMatrix& x, Stats& stats, Res
   }
 }
 
+// The mixture of --init-params: weights, means and covariances read from FILE.h5 (every rank
+// reads the small file itself), checked against the fit's K and D, as an EM model whose E-step
+// gives the initial responsibilities.
+Model params_model(const Comm& comm, const std::string& file, int k, int d) {
+  std::optional<Model> model;
+  comm.agree([&] {
+    const std::string what = "--init-params '" + file + "'";
+    io::FileReader r(file);
+    for (const char* name : {"/weights", "/means", "/covariances"})
+      if (!r.has(name))
+        throw Error(what + " has no " + name +
+                    " (it needs /weights, /means and /covariances, as a model file of gmm fit "
+                    "has)");
+    const auto shape = [](const io::Dims& dims) {
+      std::string s;
+      for (auto v : dims) s += (s.empty() ? "" : " x ") + std::to_string(v);
+      return s;
+    };
+    io::Dims wd, md, cd;
+    const auto w = r.read("/weights", &wd);
+    const auto m = r.read("/means", &md);
+    const auto c = r.read("/covariances", &cd);
+    const auto uk = static_cast<std::uint64_t>(k), udim = static_cast<std::uint64_t>(d);
+    if (wd != io::Dims{uk} || md != io::Dims{uk, udim})
+      throw Error(what + ": /weights is " + shape(wd) + " and /means " + shape(md) +
+                  "; this fit needs " + std::to_string(k) + " and " + std::to_string(k) + " x " +
+                  std::to_string(d) + " (components x features)");
+    const bool full = cd == io::Dims{uk, udim, udim};
+    if (!full && cd != io::Dims{uk, udim})
+      throw Error(what + ": /covariances is " + shape(cd) + "; expected " + std::to_string(k) +
+                  " x " + std::to_string(d) + " x " + std::to_string(d) + " (full) or " +
+                  std::to_string(k) + " x " + std::to_string(d) + " (diagonal)");
+    MlParams p;
+    p.weights = Eigen::Map<const VectorXd>(w.data(), k);
+    if (!p.weights.allFinite() || (p.weights.array() < 0).any() || !(p.weights.sum() > 0))
+      throw Error(what + ": /weights are not non-negative numbers with a positive sum");
+    p.weights /= p.weights.sum();
+    p.means = Eigen::Map<const RowMatrix>(m.data(), k, d);
+    if (!p.means.allFinite()) throw Error(what + ": /means are not all finite");
+    const Eigen::Index per = full ? Eigen::Index(d) * d : d;
+    for (int j = 0; j < k; ++j) {
+      const Eigen::Map<const MatrixXd> cj(c.data() + j * per, d, full ? d : 1);
+      const bool pd =
+          full ? cj.isApprox(cj.transpose()) && Eigen::LLT<MatrixXd>(cj).info() == Eigen::Success
+               : (cj.array() > 0).all();
+      if (!cj.allFinite() || !pd)
+        throw Error(what + ": the covariance of component " + std::to_string(j) +
+                    " is not symmetric positive definite");
+      p.covariances.push_back(cj);
+    }
+    const Covariance cov = full ? Covariance::kFull : Covariance::kDiag;
+    const VectorXd shift = p.means.transpose() * p.weights;
+    model.emplace(cov, k, default_prior(cov, d, k), shift, Estimator::kMaximumLikelihood);
+    model->set_ml_params(std::move(p));
+  });
+  return std::move(*model);
+}
+
 // The statistics of the initial responsibilities, summed over ranks: k-means++ (rows in
 // memory), random (keyed by global row), or read from FILE.h5:/resp chunk by chunk.
 Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& init,
                     const Source& src, const Model& model, const Moments& mom) {
   const int k = o.components;
   Stats stats = new_stats(o, model, mom, src.shape().rows);
-  if (init == "kmeans++") {
+  if (!o.init_params.empty()) {
+    const Model start = params_model(comm, o.init_params, k, static_cast<int>(src.shape().cols));
+    each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t) {
+      Stats unused = start.make_stats();
+      RowMatrix r;
+      start.local_step(x, unused, &r);
+      model.accumulate(x, r, stats);
+    });
+  } else if (init == "kmeans++") {
     if (src.streaming())
       throw Error(
           "--init kmeans++ needs the data in memory; with --stream use --init random or "
@@ -605,6 +672,7 @@ class StepSize {
 };
 
 std::string resolve_init(const FitOptions& o) {
+  if (!o.init_params.empty()) return "params:" + o.init_params;  // recorded, and fingerprinted
   if (!o.init.empty()) return o.init;
   return o.stream ? "random" : "kmeans++";
 }
@@ -635,7 +703,10 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (o.stream && !o.labels.empty())
     throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
   std::vector<std::string> inputs{ref.file};
-  if (init != "random" && init != "kmeans++") inputs.push_back(io::DataRef::parse(init).file);
+  if (!o.init_params.empty())
+    inputs.push_back(o.init_params);
+  else if (init != "random" && init != "kmeans++")
+    inputs.push_back(io::DataRef::parse(init).file);
   if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
@@ -857,6 +928,35 @@ std::int64_t predict(const Comm& comm, const std::string& model_file, const std:
   model.local_step(shard.x, stats, &resp);
   write_labels(comm, out, shard, resp, save_responsibilities);
   return shard.shape.rows;
+}
+
+void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std::uint64_t seed,
+            const std::string& out) {
+  if (n < 1) throw Error("--n must be >= 1 (got " + std::to_string(n) + ")");
+  io::check_output_path(comm, out, {model_file});
+  const Model model = load_model(comm, model_file);
+  Mixture mix{model.weights(), model.means(), {}};
+  mix.weights /= mix.weights.sum();  // sums to 1 up to round-off; the draws take it as exact
+  const auto covs = model.covariances();
+  for (std::size_t k = 0; k < covs.size(); ++k) {
+    const MatrixXd c =
+        model.covariance() == Covariance::kFull ? covs[k] : MatrixXd(covs[k].col(0).asDiagonal());
+    const Eigen::LLT<MatrixXd> llt(c);
+    if (llt.info() != Eigen::Success || !c.allFinite())
+      throw Error("'" + model_file + "': the covariance of component " + std::to_string(k) +
+                  " is not positive definite");
+    mix.chol.push_back(llt.matrixL());
+  }
+  const RowRange range = partition_rows(n, comm.size(), comm.rank());
+  RowMatrix x(range.size(), model.dim());
+  std::vector<std::int64_t> z;
+  draw_rows(mix, CounterRng(seed, Stream::kGmmSample), 0, range.begin, x, z);
+  io::ParallelRowWriter w(comm, out);
+  w.write_rows("X", n, range, x.data(), {static_cast<std::uint64_t>(model.dim())});
+  w.write_rows("labels", n, range, z.data(), {});
+  w.attr("model", model_file);
+  w.attr("seed", static_cast<std::int64_t>(seed));
+  w.commit();
 }
 
 }  // namespace caviar::gmm

@@ -31,6 +31,9 @@ struct FitOptions {
                        // 0 runs all max_iter iterations (SVI: unless it decreases 3 epochs)
   std::uint64_t seed = 0;
   std::string init;  // kmeans++ | random | FILE.h5:/resp; "" = kmeans++ (random with --stream)
+  // Start from the responsibilities of the mixture in this file (/weights, /means, /covariances,
+  // full K x D x D or diagonal K x D): a model file of gmm fit (warm start) or given parameters.
+  std::string init_params;
   // EM: added to the diagonal of every covariance (scikit-learn's reg_covar, same default).
   double reg_covar = 1e-6;
   // SVI (Hoffman et al. 2013): minibatch size, step-size schedule rho_t = (t + omega)^-delta
@@ -105,5 +108,11 @@ ScoreResult score(const Comm& comm, const std::string& model_file, const std::st
 // Writes argmax_k r_nk as /labels (and /responsibilities if asked) to `out`; returns N.
 std::int64_t predict(const Comm& comm, const std::string& model_file, const std::string& data,
                      const std::string& out, bool save_responsibilities);
+
+// Draws n rows from a fitted model's mixture (its weights, means and covariances: the posterior
+// expectations of a variational fit, as scikit-learn's sample() uses) and writes them as /X with
+// their components as /labels, in parallel. Row i depends only on (seed, i).
+void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std::uint64_t seed,
+            const std::string& out);
 
 }  // namespace caviar::gmm

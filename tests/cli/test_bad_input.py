@@ -74,6 +74,9 @@ def main():
     if r.returncode != 0:
         print(f"FAIL: could not fit the 3-D model the mismatch case needs:\n{r.stderr}")
         return 1
+    with h5py.File(p("params_singular.h5"), "w") as f:
+        f["weights"], f["means"] = [0.5, 0.5], np.zeros((2, 3))
+        f["covariances"] = np.stack([np.eye(3), np.diag([1.0, 1.0, 0.0])])
     # Checkpoints for the --resume cases: a gmm one of the 2-D data (K = 2), one of the 3-D data,
     # and a VAE one; and other 2-D data of the same shape.
     with h5py.File(p("other.h5"), "w") as f:
@@ -221,6 +224,12 @@ def main():
         ("--reg-covar with a variational fit", 2, fit(p("good.h5") + ":/X", "-k", "2", "--reg-covar", "0.5", "--out", out), "--reg-covar applies to --algorithm em only"),
         ("single precision with diagonal covariance", 2, fit(p("good.h5") + ":/X", "-k", "2", "--covariance", "diag", "--precision", "single", "--out", out), "--precision single needs --covariance full"),
         ("score: model is not a model", 2, [caviar, "gmm", "score", "--model", p("good.h5"), "--data", p("good.h5") + ":/X"], "not a caviar gmm model"),
+        ("init-params: another K", 2, fit(p("good3d.h5") + ":/X", "-k", "3", "--init-params", p("model3d.h5"), "--out", out), "this fit needs 3 and 3 x 3"),
+        ("init-params: no covariances", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--init-params", p("good3d.h5"), "--out", out), "has no /weights"),
+        ("init-params: a singular covariance", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--init-params", p("params_singular.h5"), "--out", out), "the covariance of component 1 is not symmetric positive definite"),
+        ("gmm sample: --n 0", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "0", "--out", out], "--n must be >= 1 (got 0)"),
+        ("gmm sample: an hmm model", 2, [caviar, "gmm", "sample", "--model", p("hmm_cm.h5"), "--n", "5", "--out", out], "is not a caviar gmm model"),
+        ("gmm sample: the model is the output", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "5", "--out", p("model3d.h5")], "model3d.h5"),
         ("score: dimension mismatch", 2, [caviar, "gmm", "score", "--model", p("model3d.h5"), "--data", p("good.h5") + ":/X"], "features but the model has 3"),
         ("K = 0", 2, fit(p("good.h5") + ":/X", "-k", "0", "--out", out), "--components must be >= 1"),
         ("K > N", 2, fit(p("good.h5") + ":/X", "-k", "601", "--out", out), "exceeds the number of rows"),
