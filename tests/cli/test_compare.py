@@ -4,7 +4,7 @@ files read with h5py (independently of caviar), for each model kind.
 
 - gmm: fits at K = 1, 2, 4 (two seeds at K = 4) with a held-out set, given out of order: rows
   sorted by K then seed; elbo, heldout_score, seed, algorithm and the effective components
-  (weights >= 0.01/K) per file; --plot writes a PNG (signature and IHDR size). At 2 ranks the
+  (weights >= 0.01/K) per file, and on weights chosen around that threshold; --plot writes a PNG (signature and IHDR size). At 2 ranks the
   same stdout (one table, from rank 0). A fit without --heldout shows '-' (JSON null).
 - lda: K = n_topics, objective from the elbo attribute, held-out perplexity = the last entry of
   /trace/perplexity; no mixing weights, so no effective count.
@@ -110,6 +110,18 @@ check(not [f for f in os.listdir(work) if "tmp-caviar" in f], "gmm: no temporary
 r2 = run(["gmm", "compare"] + [path(n) for n, _, _ in fits], ranks=2)
 check(r2.stdout == r.stdout.replace(',"plot":' + json.dumps(png), ""),
       "gmm: 2 ranks print the same table and JSON once")
+
+# The effective count's definition, on weights chosen around it (K = 4: threshold 0.0025): 0.003
+# counts and 0.0016 does not. Other plausible definitions give other counts: a share of 0.5/K
+# gives 2, an expected count N w >= 1 (N = 640) gives 4.
+import shutil  # noqa: E402
+shutil.copyfile(path("g4a.h5"), path("g4_crafted.h5"))
+with h5py.File(path("g4_crafted.h5"), "r+") as f:
+    f["weights"][...] = [0.7, 0.2954, 0.003, 0.0016]
+r = run(["gmm", "compare", path("g4_crafted.h5")])
+_, rows, s = parse(r.stdout)
+check(rows[0][6] == "3" and s["fits"][0]["effective"] == 3,
+      f"gmm: weights (0.7, 0.2954, 0.003, 0.0016) have 3 effective components (got {rows[0][6]})")
 
 run(["-q", "gmm", "fit", "--data", path("train.h5"), "-k", "3", "--out", path("g3_noheld.h5")])
 r = run(["gmm", "compare", path("g3_noheld.h5"), path("g2.h5")])
