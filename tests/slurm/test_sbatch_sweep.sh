@@ -48,11 +48,13 @@ with h5py.File(w + "/test.h5", "w") as f:
 EOF
 
 table=$workdir/sweep.tsv
-printf 'K\tseed\talgorithm\tschedule\targs\n' >"$table"
-printf '# K = 2 and 3 by CAVI, K = 6 by SVI\n' >>"$table"
-printf '2\t1\tcavi\t-\t\n' >>"$table"
-printf '3\t2\t\t\t\n' >>"$table"
-printf '6\t3\tsvi\tadaptive\t--batch-size 200\n' >>"$table"
+{
+  printf 'K\tseed\talgorithm\tschedule\targs\n'
+  printf '# K = 2 and 3 by CAVI, K = 6 by SVI\n'
+  printf '2\t1\tcavi\t-\t\n'
+  printf '3\t2\t\t\t\n'
+  printf '6\t3\tsvi\tadaptive\t--batch-size 200\n'
+} >"$table"
 
 # --- 1. bad rows, without SLURM -------------------------------------------------
 # Runs sweep.sbatch outside SLURM for row $1 of table $2; it must exit 1 with exactly one
