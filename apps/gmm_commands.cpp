@@ -5,6 +5,7 @@
 
 #include "app.hpp"
 #include "core/parallel.hpp"
+#include "engine/compare.hpp"
 #include "inference/gmm_driver.hpp"
 
 namespace caviar::app {
@@ -12,6 +13,7 @@ namespace caviar::app {
 void add_gmm_commands(CLI::App& cli, Context& ctx) {
   auto* gmm = cli.add_subcommand("gmm", "Gaussian mixture: variational Bayes (CAVI, SVI) or EM");
   gmm->require_subcommand(1);
+  engine::add_compare_command(gmm, ctx, "gmm");
 
   // fit
   auto o = std::make_shared<gmm::FitOptions>();

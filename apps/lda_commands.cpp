@@ -5,6 +5,7 @@
 
 #include "app.hpp"
 #include "core/parallel.hpp"
+#include "engine/compare.hpp"
 #include "inference/lda_driver.hpp"
 #include "prep/generate_lda.hpp"
 #include "prep/text_prep.hpp"
@@ -28,6 +29,7 @@ void add_prep_text_command(CLI::App* prep, Context& ctx);
 void add_lda_commands(CLI::App& cli, Context& ctx) {
   auto* lda = cli.add_subcommand("lda", "Latent Dirichlet allocation (variational, CAVI or SVI)");
   lda->require_subcommand(1);
+  engine::add_compare_command(lda, ctx, "lda");
 
   // fit
   auto o = std::make_shared<lda::FitOptions>();

@@ -252,6 +252,10 @@ bool FileReader::has(const std::string& name) const {
   return link_exists(file_, name);
 }
 
+bool FileReader::has_attr(const std::string& name) const {
+  return H5Aexists(file_, name.c_str()) > 0;
+}
+
 std::vector<double> FileReader::read(const std::string& name, Dims* dims) const {
   Handle dset = open_dataset(file_, path_, name);
   const Dims d = dataset_dims(dset.get());

@@ -49,6 +49,8 @@ class FileReader {
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
   bool has(const std::string& name) const;
+  // Whether the root group carries attribute `name` (optional provenance, e.g. heldout_score).
+  bool has_attr(const std::string& name) const;
   std::vector<double> read(const std::string& name, Dims* dims = nullptr) const;
   std::string read_string_attr(const std::string& name) const;
   double read_double_attr(const std::string& name) const;

@@ -77,6 +77,16 @@ def main():
     with h5py.File(p("params_singular.h5"), "w") as f:
         f["weights"], f["means"] = [0.5, 0.5], np.zeros((2, 3))
         f["covariances"] = np.stack([np.eye(3), np.diag([1.0, 1.0, 0.0])])
+    # An EM fit of the same data, for compare: EM's log-likelihood beside an ELBO.
+    r = subprocess.run(mpirun(1) + [caviar, "-q", "gmm", "fit", "--data", p("good3d.h5"), "-k", "2",
+                                    "--algorithm", "em", "--out", p("model3d_em.h5")],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    if r.returncode != 0:
+        print(f"FAIL: could not fit the EM model the compare cases need:\n{r.stderr}")
+        return 1
+    shutil.copyfile(p("model3d.h5"), p("model3d_no_elbo.h5"))
+    with h5py.File(p("model3d_no_elbo.h5"), "r+") as f:
+        del f.attrs["elbo"]
     # Checkpoints for the --resume cases: a gmm one of the 2-D data (K = 2), one of the 3-D data,
     # and a VAE one; and other 2-D data of the same shape.
     with h5py.File(p("other.h5"), "w") as f:
@@ -298,6 +308,16 @@ def main():
         ("hmm sample: a plsa model", 2, [caviar, "hmm", "sample", "--model", p("plsa_m.h5"), "--sequences", "3", "--length", "4", "--out", out], "is not a caviar hmm model"),
         ("hmm score: a plsa model", 2, [caviar, "hmm", "score", "--model", p("plsa_m.h5"), "--data", p("hmm_cat.h5")], "is not a caviar hmm model"),
         ("hmm svi: --batch-size 0", 2, hmm(p("hmm_cat.h5"), "--algorithm", "svi", "--batch-size", "0", "--out", out), "--batch-size must be >= 1 (got 0)"),
+        ("gmm compare: a missing file", 2, [caviar, "gmm", "compare", p("model3d.h5"), p("nope.h5"), "--plot", out], "nope.h5': no such file"),
+        ("gmm compare: not HDF5", 2, [caviar, "gmm", "compare", p("not_hdf5.h5"), "--plot", out], "is not an HDF5 file"),
+        ("gmm compare: a data file", 2, [caviar, "gmm", "compare", p("model3d.h5"), p("good3d.h5"), "--plot", out], "is not a caviar model file (no 'model' attribute)"),
+        ("gmm compare: a checkpoint", 2, [caviar, "gmm", "compare", p("ck.h5"), "--plot", out], "is a checkpoint, not a fitted model"),
+        ("gmm compare: a gmm and a plsa model", 2, [caviar, "gmm", "compare", p("model3d.h5"), p("plsa_m.h5"), "--plot", out], "is a plsa model, not a gmm model"),
+        ("hmm compare: a gmm model", 1, [caviar, "hmm", "compare", p("hmm_cm.h5"), p("model3d.h5")], "is a gmm model, not an hmm model"),
+        ("lda compare: an lda corpus, not a fit", 1, [caviar, "lda", "compare", p("lda_a.h5")], "lda_a.h5' is not a caviar model file"),
+        ("gmm compare: a model without its final objective", 2, [caviar, "gmm", "compare", p("model3d_no_elbo.h5")], "records no final objective"),
+        ("gmm compare: EM and variational fits", 2, [caviar, "gmm", "compare", p("model3d.h5"), p("model3d_em.h5"), "--plot", out], "records elbo but"),
+        ("gmm compare: --plot onto a model", 2, [caviar, "gmm", "compare", p("model3d.h5"), "--plot", p("model3d.h5")], "is the same file as input"),
         ("hmm svi: --kappa 0.3", 2, hmm(p("hmm_cat.h5"), "--algorithm", "svi", "--kappa", "0.3", "--out", out), "--kappa must be in (0.5, 1]"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None

@@ -16,6 +16,7 @@
 #include "core/rng.hpp"
 #include "engine/batch.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/compare.hpp"
 #include "engine/model_file.hpp"
 #include "engine/reduce.hpp"
 #include "engine/state_io.hpp"
@@ -569,6 +570,7 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
       "hmm",
       "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
   hmm->require_subcommand(1);
+  engine::add_compare_command(hmm, ctx, "hmm");
 
   auto o = std::make_shared<FitOptions>();
   auto* f = hmm->add_subcommand("fit", "Fit an HMM to sequences (/X and /offsets of one file)");

@@ -12,6 +12,7 @@
 #include "core/parallel.hpp"
 #include "engine/batch.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/compare.hpp"
 #include "engine/model_file.hpp"
 #include "engine/reduce.hpp"
 #include "engine/state_io.hpp"
@@ -178,6 +179,7 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   auto* plsa = cli.add_subcommand(
       "plsa", "Probabilistic latent semantic analysis (Hofmann 1999), fitted by EM");
   plsa->require_subcommand(1);
+  engine::add_compare_command(plsa, ctx, "plsa");
 
   auto o = std::make_shared<FitOptions>();
   auto* f = plsa->add_subcommand("fit", "Fit topics to a CSR bag-of-words corpus by EM");
