@@ -45,6 +45,10 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   auto* init = fit->add_option("--init", o->init,
                                "kmeans++ | random | FILE.h5:/resp (N x K) [default: kmeans++; "
                                "random with --stream]");
+  fit->add_option("--n-init", o->n_init,
+                  "Starts (each from its own random initialisation, keyed by --seed and the "
+                  "start); the fit with the best final bound is kept")
+      ->capture_default_str();
   fit->add_option("--init-params", o->init_params,
                   "Start from the responsibilities of a mixture in FILE.h5 (/weights, /means, "
                   "/covariances: e.g. a model file of gmm fit, for a warm start)")

@@ -24,6 +24,7 @@ enum class Stream : std::uint32_t {
   kHmmGenerate = 13,  // synthetic HMM sequences
   kHmmSample = 14,    // sequences sampled from a fitted HMM
   kGmmSample = 15,    // rows sampled from a fitted Gaussian mixture
+  kGmmStarts = 16,    // the seeds of the starts of gmm fit --n-init
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -497,6 +497,12 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
     w.attr("stream", static_cast<std::int64_t>(o.stream));
   }
   if (r.heldout) w.attr("heldout_score", *r.heldout);
+  if (!r.start_bounds.empty()) {
+    // --n-init: every start's final bound, and which one this model is.
+    write_vector(w, "n_init_bounds", r.start_bounds);
+    w.attr("n_init", static_cast<std::int64_t>(r.start_bounds.size()));
+    w.attr("best_start", static_cast<std::int64_t>(r.best_start));
+  }
   w.attr("model", std::string("gmm"));
   w.attr("algorithm", to_string(r.algorithm));
   w.attr("covariance_type", to_string(cov));
@@ -679,47 +685,34 @@ std::string resolve_init(const FitOptions& o) {
 
 }  // namespace
 
-FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
+namespace {
+
+// The seed of start s > 0 of --n-init: one Philox draw keyed by (seed, s), so that starts do not
+// share the draws of neighbouring --seed values.
+std::uint64_t start_seed(std::uint64_t seed, int s) {
+  const auto w = philox4x32_10(
+      {static_cast<std::uint32_t>(s), 0, 0, static_cast<std::uint32_t>(Stream::kGmmStarts)},
+      {static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)});
+  return (static_cast<std::uint64_t>(w[0]) << 32) | w[1];
+}
+
+// One start of a fit (--n-init runs several): the model from the start's initial
+// responsibilities, then the CAVI/EM iterations or the SVI epochs. Returns the fitted model and,
+// with --labels, the responsibilities of this rank's rows.
+struct Start {
+  FitResult res;
+  std::optional<Model> model;
+  RowMatrix resp;
+};
+
+Start fit_start(const Comm& comm, const FitOptions& o, const Progress& progress,
+                const io::DataRef& ref, const std::string& init, const Source& src,
+                const Moments& mom, Checkpointer& ck, std::chrono::steady_clock::time_point t0) {
   using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
   double paused = 0;  // seconds spent on diagnostics (full-ELBO checkpoints), not fitting
   auto elapsed = [&] { return seconds_since(t0) - paused; };
-  const io::DataRef ref = io::DataRef::parse(o.data);
-  const std::string init = resolve_init(o);
-  if (o.components < 1)
-    throw Error("--components must be >= 1 (got " + std::to_string(o.components) + ")");
-  if (o.max_iter < 0) throw Error("--max-iter must be >= 0");
-  if (!(o.tol >= 0) || !std::isfinite(o.tol)) throw Error("--tol must be a finite number >= 0");
-  if (o.algorithm == Algorithm::kEm && o.weights != WeightPrior::kDirichlet)
-    throw Error("--weights stick-breaking is a prior: it applies to cavi and svi, not em");
-  if (!(o.reg_covar >= 0)) throw Error("--reg-covar must be >= 0");
-  if (o.algorithm == Algorithm::kSvi) {
-    if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
-    if (!(o.delta >= 0 && o.delta <= 1)) throw Error("--delta must be in [0, 1]");
-    if (!(o.omega >= 0)) throw Error("--omega must be >= 0");
-    if (!(o.tau0 >= 1)) throw Error("--tau0 must be >= 1");
-    if (o.max_iter < 1) throw Error("--max-iter (epochs) must be >= 1 for svi");
-  }
-  if (o.stream && !o.labels.empty())
-    throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
-  std::vector<std::string> inputs{ref.file};
-  if (!o.init_params.empty())
-    inputs.push_back(o.init_params);
-  else if (init != "random" && init != "kmeans++")
-    inputs.push_back(io::DataRef::parse(init).file);
-  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
-  if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
-  Checkpointer ck(comm, o, inputs);  // checkpoint/resume and stop signals: gmm_checkpoint.hpp
-
-  const Source src(comm, ref, o.stream, o.chunk_rows);
   const std::int64_t n = src.shape().rows;
-  if (o.components > n)
-    throw Error("--components " + std::to_string(o.components) + " exceeds the number of rows (" +
-                std::to_string(n) + ") in " + ref.str());
   const int d = static_cast<int>(src.shape().cols);
-  const Moments mom = data_moments(comm, src, o.prior_scale == "data");
   const Estimator est =
       o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
   Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
@@ -738,7 +731,8 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   res.n = n;
   ck.restore(res);
   if (ck.resuming()) paused = seconds_since(t0) - ck.elapsed();  // elapsed() continues
-  RowMatrix resp;
+  Start out;
+  RowMatrix& resp = out.resp;
   RowMatrix* resp_out = o.labels.empty() ? nullptr : &resp;
   auto rel_change = [](double now, double before) {
     return std::abs(now - before) / std::max(std::abs(now), 1e-300);
@@ -899,6 +893,78 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   const auto waits = comm.allgather(Comm::allreduce_seconds() - allreduce_start);
   res.allreduce_seconds_min = *std::min_element(waits.begin(), waits.end());
   res.allreduce_seconds_max = *std::max_element(waits.begin(), waits.end());
+  out.res = std::move(res);
+  out.model.emplace(std::move(model));
+  return out;
+}
+
+}  // namespace
+
+FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const io::DataRef ref = io::DataRef::parse(o.data);
+  const std::string init = resolve_init(o);
+  if (o.components < 1)
+    throw Error("--components must be >= 1 (got " + std::to_string(o.components) + ")");
+  if (o.max_iter < 0) throw Error("--max-iter must be >= 0");
+  if (!(o.tol >= 0) || !std::isfinite(o.tol)) throw Error("--tol must be a finite number >= 0");
+  if (o.algorithm == Algorithm::kEm && o.weights != WeightPrior::kDirichlet)
+    throw Error("--weights stick-breaking is a prior: it applies to cavi and svi, not em");
+  if (!(o.reg_covar >= 0)) throw Error("--reg-covar must be >= 0");
+  if (o.n_init < 1) throw Error("--n-init must be >= 1 (got " + std::to_string(o.n_init) + ")");
+  if (o.n_init > 1 && !(o.checkpoint.empty() && o.resume.empty()))
+    throw Error(
+        "--n-init > 1 cannot be checkpointed yet: run the starts as separate fits "
+        "(--seed), or use --n-init 1");
+  if (o.algorithm == Algorithm::kSvi) {
+    if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
+    if (!(o.delta >= 0 && o.delta <= 1)) throw Error("--delta must be in [0, 1]");
+    if (!(o.omega >= 0)) throw Error("--omega must be >= 0");
+    if (!(o.tau0 >= 1)) throw Error("--tau0 must be >= 1");
+    if (o.max_iter < 1) throw Error("--max-iter (epochs) must be >= 1 for svi");
+  }
+  if (o.stream && !o.labels.empty())
+    throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
+  std::vector<std::string> inputs{ref.file};
+  if (!o.init_params.empty())
+    inputs.push_back(o.init_params);
+  else if (init != "random" && init != "kmeans++")
+    inputs.push_back(io::DataRef::parse(init).file);
+  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
+  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
+  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
+  if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
+  Checkpointer ck(comm, o, inputs);  // checkpoint/resume and stop signals: gmm_checkpoint.hpp
+
+  const Source src(comm, ref, o.stream, o.chunk_rows);
+  const std::int64_t n = src.shape().rows;
+  if (o.components > n)
+    throw Error("--components " + std::to_string(o.components) + " exceeds the number of rows (" +
+                std::to_string(n) + ") in " + ref.str());
+  const Moments mom = data_moments(comm, src, o.prior_scale == "data");
+  // Start s is keyed by (seed, s): start 0 is the fit of --seed itself, so --n-init 1 is the
+  // plain fit. The best final bound wins; ties go to the earliest start.
+  Start best;
+  std::vector<double> bounds;
+  int best_start = 0;
+  for (int s = 0; s < o.n_init; ++s) {
+    FitOptions os = o;
+    if (s > 0) os.seed = start_seed(o.seed, s);
+    Start st = fit_start(comm, os, progress, ref, init, src, mom, ck, t0);
+    bounds.push_back(st.res.elbo);
+    if (s == 0 || st.res.elbo > best.res.elbo) {
+      best = std::move(st);
+      best_start = s;
+    }
+  }
+  FitResult& res = best.res;
+  const Model& model = *best.model;
+  const RowMatrix& resp = best.resp;
+  if (o.n_init > 1) {
+    res.start_bounds = bounds;
+    res.best_start = best_start;
+    res.seconds = seconds_since(t0);
+  }
   if (!o.heldout.empty())
     res.heldout = heldout_score(comm, model, o.heldout, o.stream, o.chunk_rows, nullptr);
 

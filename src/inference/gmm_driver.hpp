@@ -34,6 +34,9 @@ struct FitOptions {
   // Start from the responsibilities of the mixture in this file (/weights, /means, /covariances,
   // full K x D x D or diagonal K x D): a model file of gmm fit (warm start) or given parameters.
   std::string init_params;
+  // Starts keyed by (seed, start), keeping the one with the best final bound (scikit-learn's
+  // n_init); start 0 is the fit of `seed` itself.
+  int n_init = 1;
   // EM: added to the diagonal of every covariance (scikit-learn's reg_covar, same default).
   double reg_covar = 1e-6;
   // SVI (Hoffman et al. 2013): minibatch size, step-size schedule rho_t = (t + omega)^-delta
@@ -92,7 +95,9 @@ struct FitResult {
   std::vector<double> rho_trace;      // SVI: step sizes
   std::int64_t steps = 0;             // SVI
   std::vector<double> full_elbo, full_elbo_seconds, full_elbo_step;  // SVI checkpoints
-  std::optional<double> heldout;  // average held-out log predictive density (EM: loglik)
+  std::optional<double> heldout;     // average held-out log predictive density (EM: loglik)
+  std::vector<double> start_bounds;  // --n-init > 1: each start's final bound (elbo)
+  int best_start = 0;                // the start returned
 };
 
 using Progress = std::function<void(const IterationReport&)>;

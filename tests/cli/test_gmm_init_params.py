@@ -1,6 +1,7 @@
 #!/usr/bin/env -S /usr/bin/python3
-"""`caviar gmm fit --init-params FILE.h5` starts from the responsibilities of the mixture in FILE
-(/weights, /means, /covariances): a warm start from a model file, or parameters a user gives.
+"""Where `caviar gmm fit` starts: `--init-params FILE.h5` starts from the responsibilities of the
+mixture in FILE (/weights, /means, /covariances): a warm start from a model file, or parameters a
+user gives; `--n-init N` runs N starts and keeps the best.
 
 Checks, on generated data (N = 3000, D = 3, K = 3):
   1. scikit-learn cross-check: EM from given parameters, stopped after its first M-step
@@ -10,7 +11,9 @@ Checks, on generated data (N = 3000, D = 3, K = 3):
      file, has the bound an uninterrupted fit reaches one iteration later, and EM's bound never
      decreases across the restart;
   3. the same warm start at 1 and 3 ranks gives the same bits, with --stream as well;
-  4. a diagonal model file can start a full-covariance fit.
+  4. a diagonal model file can start a full-covariance fit;
+  5. --n-init 4: the model file lists the 4 starts' bounds, start 0 is the plain fit of --seed
+     (same bits), the starts differ, the model kept is the best one, and 1 and 3 ranks agree.
 
 usage: test_gmm_init_params.py CAVIAR_BIN WORKDIR
 """
@@ -111,6 +114,29 @@ def main():
     if not ok:
         failures.append(f"diag -> full: init attribute {init!r}, elbo {s['elbo']}")
     print(f"{'ok  ' if ok else 'FAIL'} a diagonal model starts a full fit (init = {init!r})")
+
+    # 5. --n-init.
+    plain = fit(2, p("plain.h5"), "--seed", "3", "--init", "random", "--max-iter", "30")
+    outs = []
+    for ranks in (1, 3):
+        fit(ranks, p(f"ninit{ranks}.h5"), "--seed", "3", "--init", "random", "--max-iter", "30",
+            "--n-init", "4")
+        outs.append(h5_contents(p(f"ninit{ranks}.h5")))
+    with h5py.File(p("ninit3.h5"), "r") as f:
+        bounds, best = f["n_init_bounds"][:], int(f.attrs["best_start"])
+        kept = float(f.attrs["log_likelihood"])
+    problems = []
+    if len(bounds) != 4 or int(np.argmax(bounds)) != best or kept != bounds.max():
+        problems.append(f"bounds {bounds}, best_start {best}, kept {kept}")
+    if bounds[0] != plain["log_likelihood"]:
+        problems.append(f"start 0 has bound {bounds[0]!r}, the plain fit {plain['log_likelihood']!r}")
+    if len(set(bounds.tolist())) < 2:
+        problems.append("every start has the same bound")
+    if outs[0] != outs[1]:
+        problems.append("1 and 3 ranks differ")
+    failures += problems
+    print(f"{'FAIL' if problems else 'ok  '} --n-init 4: bounds {np.round(bounds, 3).tolist()}, kept "
+          f"start {best}" + ("" if not problems else ": " + "; ".join(problems)))
 
     if failures:
         sys.exit("FAIL: " + "; ".join(failures))
