@@ -108,10 +108,6 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
             raise _not_implemented(
                 "covariance_type=%r" % (self.covariance_type,),
                 "`caviar gmm fit --covariance` takes full or diag")
-        if self.n_init != 1:
-            raise _not_implemented(
-                "n_init=%r (several initialisations, keeping the best)" % (self.n_init,),
-                "use n_init=1, and refit with other random_state values if needed")
         if self.warm_start:
             raise _not_implemented(
                 "warm_start=True (continuing from the previous fit's parameters)",
@@ -192,6 +188,10 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                      "--covariance", self.covariance_type, "--max-iter", self.max_iter,
                      "--tol", repr(float(self.tol)), "--seed", _seed(self.random_state),
                      "--out", model] + self._init_args(wd, n_rows) + args)
+            if self.n_init != 1:
+                # caviar's starts are keyed by (seed, start) and the best final bound is kept,
+                # as scikit-learn keeps the best lower bound.
+                args += ["--n-init", self.n_init]
             if self.stream:
                 args.append("--stream")
             summary = _runner.run(args, caviar_bin=self.caviar_bin, n_ranks=self.n_ranks,
@@ -298,7 +298,8 @@ class BayesianGaussianMixture(_CaviarMixture):
         None: the data covariance (caviar --prior-scale data, normalised by N - 1 as
         numpy.cov); the identity (np.eye(D), diag: np.ones(D)) is also accepted. Other
         matrices raise NotImplementedError.
-    covariance_type 'tied'/'spherical', n_init > 1, warm_start=True raise NotImplementedError.
+    covariance_type 'tied'/'spherical' and warm_start=True raise NotImplementedError.
+    n_init runs caviar's --n-init (starts keyed by random_state and the start).
     verbose_interval : not used (caviar reports every iteration; verbose > 0 prints them).
 
     caviar's own parameters:
@@ -495,7 +496,7 @@ class GaussianMixture(_CaviarMixture):
         log-likelihood per row (lower_bound_), so its tol t is t / |lower_bound_| here.
     init_params : as BayesianGaussianMixture ('random_from_data' raises NotImplementedError).
     weights_init, means_init, precisions_init (not None), covariance_type 'tied'/'spherical',
-    n_init > 1 and warm_start=True raise NotImplementedError.
+    and warm_start=True raise NotImplementedError. n_init runs caviar's --n-init.
     reg_covar is caviar's --reg-covar (the same meaning as scikit-learn's).
 
     caviar's own parameters: n_ranks, n_threads, caviar_bin, mpirun, stream, init_resp, as in

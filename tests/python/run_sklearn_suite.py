@@ -41,7 +41,6 @@ MODULES = ["test_bayesian_mixture.py", "test_gaussian_mixture.py", "test_mixture
 
 TIED = ("loops over covariance_type 'tied' and 'spherical', which caviar does not implement "
         "yet (NotImplementedError); run again for 'full' and 'diag' in part fulldiag")
-N_INIT = "n_init > 1: caviar does not implement several initialisations yet (NotImplementedError)"
 WARM = "warm_start=True: caviar does not implement warm starts yet (NotImplementedError)"
 INIT_PARAMS = ("weights_init / means_init / precisions_init: caviar starts EM from "
                "responsibilities, not from given parameters (NotImplementedError)")
@@ -60,12 +59,9 @@ CANNOT_APPLY = {
         "AttributeError"),
     "test_bayesian_mixture.py::test_check_covariance_precision": (TIED, "NotImplementedError"),
     "test_bayesian_mixture.py::test_bayesian_mixture_fit_predict": (TIED, "NotImplementedError"),
-    "test_bayesian_mixture.py::test_bayesian_mixture_fit_predict_n_init": (
-        N_INIT, "NotImplementedError"),
     "test_bayesian_mixture.py::test_bayesian_mixture_predict_predict_proba": (
         TIED, "NotImplementedError"),
     # test_gaussian_mixture.py
-    "test_gaussian_mixture.py::test_gaussian_mixture_attributes": (N_INIT, "NotImplementedError"),
     "test_gaussian_mixture.py::test_check_weights": (INIT_PARAMS, "NotImplementedError"),
     "test_gaussian_mixture.py::test_check_means": (INIT_PARAMS, "NotImplementedError"),
     "test_gaussian_mixture.py::test_check_precisions": (INIT_PARAMS, "NotImplementedError"),
@@ -75,14 +71,12 @@ CANNOT_APPLY = {
         INIT_PARAMS, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_fit_predict": (
         INIT_PARAMS, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit_predict_n_init": (
-        N_INIT, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit": (N_INIT, "NotImplementedError"),
+    "test_gaussian_mixture.py::test_gaussian_mixture_fit": (TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_fit_best_params": (
-        N_INIT, "NotImplementedError"),
+        TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_fit_convergence_warning": (
         TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_multiple_init": (N_INIT, "NotImplementedError"),
+    "test_gaussian_mixture.py::test_multiple_init": (TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_n_parameters": (TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_bic_1d_1component": (
         "compares full with 'tied', 'diag' and 'spherical' (its own list, not COVARIANCE_TYPE); "
@@ -98,9 +92,8 @@ CANNOT_APPLY = {
         "error: EM: the covariance of component k is singular ...; add a small --reg-covar' "
         "(a CaviarError, a ValueError: the type matches, the regex does not); it also loops "
         "over tied/spherical", "AssertionError"),
-    "test_gaussian_mixture.py::test_property": (N_INIT, "NotImplementedError"),
+    "test_gaussian_mixture.py::test_property": (TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_sample": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_init": (N_INIT, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_setting_best_params": (
         "covariance_type='spherical' with weights_init/means_init/precisions_init, which caviar "
         "does not implement", "NotImplementedError"),
