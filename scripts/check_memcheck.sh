@@ -5,14 +5,14 @@
 #
 # valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build of the caviar target only
 # (-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=x86-64-v3, -O1 -g): AVX2 + FMA + BMI2, which valgrind 3.19
-# executes. This job is also CI's portable-build test (issue 23): before the cases it checks that
+# executes (its virtual CPU reports them, so caviar's start-up CPU check passes under it). This job is also CI's portable-build test (issue 23): before the cases it checks that
 # the binary says it was built for -march=x86-64-v3, that it holds AVX2/FMA instructions (so the
 # cases below run them), and runs tests/cli/test_isa.py on it (the start-up CPU check names a
 # missing extension on every rank and passes on this CPU). How the portable build's outputs and
 # speed compare with the native build's: docs/performance.md, "Portable builds".
-# Each case runs at 2 ranks x 2 OpenMP threads, every rank
-# under valgrind (mpirun -n 2 valgrind caviar ...): 2 ranks split the rows (shard boundaries,
-# allreduce, SVI's allgatherv, collective HDF5 writes), 2 threads split the blocks.
+# Each case runs at 2 ranks x 2 OpenMP threads, every rank under valgrind (mpirun -n 2 valgrind
+# caviar ...): 2 ranks split the rows (shard boundaries, allreduce, SVI's allgatherv, collective
+# HDF5 writes), 2 threads split the blocks.
 #
 # Cases (inputs made by `caviar generate` and h5py first, natively, not under valgrind):
 #   gmm fit CAVI full (+ labels, checkpoint), CAVI diag, SVI, SVI --stream, EM (+ labels),
