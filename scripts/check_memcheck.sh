@@ -3,10 +3,16 @@
 #
 # usage: scripts/check_memcheck.sh [BUILD_DIR]     (default: build-memcheck in the repository)
 #
-# valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build (-DCAVIAR_NATIVE=OFF,
-# -O1 -g) of the caviar target only. Each case runs at 2 ranks x 2 OpenMP threads, every rank
-# under valgrind (mpirun -n 2 valgrind caviar ...): 2 ranks split the rows (shard boundaries,
-# allreduce, SVI's allgatherv, collective HDF5 writes), 2 threads split the blocks.
+# valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build of the caviar target only
+# (-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=x86-64-v3, -O1 -g): AVX2 + FMA + BMI2, which valgrind 3.19
+# executes (its virtual CPU reports them, so caviar's start-up CPU check passes under it). This job is also CI's portable-build test (issue 23): before the cases it checks that
+# the binary says it was built for -march=x86-64-v3, that it holds AVX2/FMA instructions (so the
+# cases below run them), and runs tests/cli/test_isa.py on it (the start-up CPU check names a
+# missing extension on every rank and passes on this CPU). How the portable build's outputs and
+# speed compare with the native build's: docs/performance.md, "Portable builds".
+# Each case runs at 2 ranks x 2 OpenMP threads, every rank under valgrind (mpirun -n 2 valgrind
+# caviar ...): 2 ranks split the rows (shard boundaries, allreduce, SVI's allgatherv, collective
+# HDF5 writes), 2 threads split the blocks.
 #
 # Cases (inputs made by `caviar generate` and h5py first, natively, not under valgrind):
 #   gmm fit CAVI full (+ labels, checkpoint), CAVI diag, SVI, SVI --stream, EM (+ labels),
@@ -25,17 +31,35 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=$(realpath -m "${1:-$root/build-memcheck}")
 jobs=${CAVIAR_JOBS:-2}
 
-cmake -B "$build" -S "$root" -DCAVIAR_NATIVE=OFF -DCAVIAR_SANITIZE=OFF -DCAVIAR_BUILD_TESTS=OFF \
-  -DCAVIAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
-  -DCMAKE_C_FLAGS_DEBUG="-O1 -g"
+arch=x86-64-v3
+cmake -B "$build" -S "$root" -DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH="$arch" -DCAVIAR_SANITIZE=OFF \
+  -DCAVIAR_BUILD_TESTS=OFF -DCAVIAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_C_FLAGS_DEBUG="-O1 -g"
 cmake --build "$build" -j"$jobs" --target caviar
 caviar=$build/caviar
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# The portable build: what it reports, what it holds, and its start-up CPU check.
+version=$("$caviar" --version)
+if [[ "$version" != *"built for -march=$arch: "* ]]; then
+  echo "check_memcheck: FAILED: the portable build does not report -march=$arch: $version" >&2
+  exit 1
+fi
+# A build whose -march was lost would still run every case below, on SSE2 code only.
+nfma=$(objdump -d --no-show-raw-insn "$caviar" | grep -c 'vfmadd' || true)
+nymm=$(objdump -d --no-show-raw-insn "$caviar" | grep -c '%ymm' || true)
+echo "portable build: $version; $nfma FMA and $nymm ymm instructions"
+if [ "$nfma" -eq 0 ] || [ "$nymm" -eq 0 ]; then
+  echo "check_memcheck: FAILED: the -march=$arch binary holds no FMA or AVX instructions" >&2
+  exit 1
+fi
+OMP_NUM_THREADS=1 /usr/bin/python3 "$root/tests/cli/test_isa.py" "$caviar" "$build/isa"
 
 work=$build/memcheck
 rm -rf "$work"
 mkdir -p "$work"
 cd "$work"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=2
+export OMP_NUM_THREADS=2
 
 "$caviar" -q generate gmm --n 600 --dim 3 --components 3 --seed 1 --out gmm.h5:/X
 "$caviar" -q generate lda --docs 200 --words 80 --topics 3 --seed 2 --out lda.h5

@@ -3,8 +3,10 @@
 # clang's libFuzzer for the memory-safety jobs), build, and run the whole test suite:
 #   1. the memory-safety jobs, each on a build tree of its own (build-asan, build-memcheck,
 #      build-fuzz): AddressSanitizer + UndefinedBehaviorSanitizer on the unit and MPI tests,
-#      valgrind memcheck of one small fit per model, and a time-boxed libFuzzer run of caviar's
-#      parsers (scripts/check_*.sh say what each covers);
+#      valgrind memcheck of one small fit per model on a portable -march=x86-64-v3 build (which
+#      also checks that build's reported ISA and start-up CPU check: the portable-build test),
+#      and a time-boxed libFuzzer run of caviar's parsers (scripts/check_*.sh say what each
+#      covers);
 #   2. the ctest suite of the release build (unit, MPI, CLI, determinism, Python, SLURM).
 # Every job runs even if an earlier one failed; the exit status is non-zero if any did.
 set -euo pipefail
