@@ -5,7 +5,8 @@
 #
 # valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build of the caviar target only
 # (-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=x86-64-v3, -O1 -g): AVX2 + FMA + BMI2, which valgrind 3.19
-# executes (its virtual CPU reports them, so caviar's start-up CPU check passes under it). This job is also CI's portable-build test (issue 23): before the cases it checks that
+# executes (its virtual CPU reports them, so caviar's start-up CPU check passes under it). This
+# job is also CI's portable-build test: before the cases it checks that
 # the binary says it was built for -march=x86-64-v3, that it holds AVX2/FMA instructions (so the
 # cases below run them), and runs tests/cli/test_isa.py on it (the start-up CPU check names a
 # missing extension on every rank and passes on this CPU). How the portable build's outputs and
