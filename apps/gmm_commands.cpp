@@ -163,6 +163,10 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       j["stop_reason"] = r.stop_reason;
       if (r.heldout) j["heldout"] = *r.heldout;
       j["converged"] = r.converged;
+      if (!r.start_bounds.empty()) {
+        j["n_init_bounds"] = r.start_bounds;
+        j["best_start"] = r.best_start;
+      }
       j["seconds"] = r.seconds;
       j["loop_seconds"] = r.loop_seconds;
       j["allreduce_seconds"] = {r.allreduce_seconds_min, r.allreduce_seconds_max};  // min, max

@@ -23,6 +23,9 @@ usage: test_estimators.py CAVIAR_BIN WORKDIR [-v]
              (caviar_summary_ must report the ranks and threads asked for).
   errors     caviar's errors raise caviar.CaviarError (a ValueError) whose message is caviar's
              one line `caviar: error: ...`.
+  n_init     n_init=4 runs caviar's --n-init: caviar reports four starts' bounds, the first
+             is the bound of the n_init=1 fit of the same random_state, and the fit kept is the
+             best of the four.
   notimpl    options caviar lacks raise NotImplementedError before any run.
 
 Exit status 1 if any check fails; every failure is printed.
@@ -377,7 +380,6 @@ def part_notimpl(workdir):
         ("BGM covariance_type='spherical'", BGM(covariance_type="spherical")),
         ("GM covariance_type='tied'", GM(covariance_type="tied")),
         ("GM covariance_type='spherical'", GM(covariance_type="spherical")),
-        ("BGM n_init=2", BGM(n_init=2)),
         ("GM warm_start=True", GM(warm_start=True)),
         ("GM init_params='random_from_data'", GM(init_params="random_from_data")),
         ("BGM reg_covar=1e-6", BGM(reg_covar=1e-6)),
@@ -396,6 +398,33 @@ def part_notimpl(workdir):
                               % (what, type(e).__name__, e))
         raise CheckFailed("%s: no error raised" % what)
     return "%d options" % len(cases)
+
+
+# ------------------------------------------------------------------ part n_init
+
+def part_n_init(workdir):
+    import caviar
+    import h5py
+    X, _ = make_data(502, 400, 2, 4)
+    out = []
+    for Est in (caviar.GaussianMixture, caviar.BayesianGaussianMixture):
+        one = Est(n_components=4, init_params="random", random_state=3, tol=0, max_iter=20)
+        four = Est(n_components=4, init_params="random", random_state=3, tol=0, max_iter=20,
+                   n_init=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            one.fit(X)
+            four.fit(X)
+        key = "elbo" if "elbo" in one.caviar_summary_ else "log_likelihood"
+        bounds = four.caviar_summary_.get("n_init_bounds", [])
+        check(len(bounds) == 4, "%s: n_init=4 reports the bounds %r" % (Est.__name__, bounds))
+        check(bounds[0] == one.caviar_summary_[key],
+              "%s: start 0's bound %r, the n_init=1 fit's %r"
+              % (Est.__name__, bounds[0], one.caviar_summary_[key]))
+        check(four.caviar_summary_[key] == max(bounds),
+              "%s: kept %r, best of %r" % (Est.__name__, four.caviar_summary_[key], bounds))
+        out.append("%s %s" % (Est.__name__, ", ".join("%.3f" % b for b in bounds)))
+    return "; ".join(out)
 
 
 # ------------------------------------------------------------------ main
@@ -427,6 +456,7 @@ def main(argv=None):
              + [("path", lambda: part_path(workdir)),
                 ("ranks", lambda: part_ranks(workdir)),
                 ("errors", lambda: part_errors(workdir)),
+                ("n_init", lambda: part_n_init(workdir)),
                 ("notimpl", lambda: part_notimpl(workdir))])
     failed = []
     t_all = time.time()
