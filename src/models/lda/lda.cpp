@@ -587,12 +587,21 @@ void Model::completion(const Corpus& c, std::span<double> log_prob, std::span<do
   std::vector<double> terms(static_cast<std::size_t>(n));
   local_step_seeded(obs, docs, gamma, false, nullptr, terms, opt, 0);
   const RowMatrix beta_t = topic_word().transpose();  // V x K
+  // The sums over topics run in index order. Eigen's vectorised sum() and dot() start their
+  // packets at the first aligned address, so their rounding would depend on where a row sits in
+  // memory: gamma's row d is at d * K doubles, and d is the document's index on its rank.
+  const auto k = static_cast<Eigen::Index>(gamma.cols());
+  VectorXd theta(k);
   for (std::int64_t d = 0; d < n; ++d) {
-    const VectorXd theta = gamma.row(d).transpose() / gamma.row(d).sum();
+    double total = 0;
+    for (Eigen::Index t = 0; t < k; ++t) total += gamma(d, t);
+    for (Eigen::Index t = 0; t < k; ++t) theta[t] = gamma(d, t) / total;
     double lp = 0, nh = 0;
     for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
       if (held[j] == 0) continue;
-      lp += held[j] * std::log(beta_t.row(c.words[j]).dot(theta.transpose()));
+      double p = 0;
+      for (Eigen::Index t = 0; t < k; ++t) p += beta_t(c.words[j], t) * theta[t];
+      lp += held[j] * std::log(p);
       nh += held[j];
     }
     log_prob[d] = lp;
