@@ -687,8 +687,8 @@ std::string resolve_init(const FitOptions& o) {
 
 namespace {
 
-// The seed of start s > 0 of --n-init: one Philox draw keyed by (seed, s), so that starts do not
-// share the draws of neighbouring --seed values.
+// Start s > 0 of --n-init draws its RNG seed from one Philox call keyed by (--seed, s), so starts
+// do not share the draws of neighbouring --seed values.
 std::uint64_t start_seed(std::uint64_t seed, int s) {
   const auto w = philox4x32_10(
       {static_cast<std::uint32_t>(s), 0, 0, static_cast<std::uint32_t>(Stream::kGmmStarts)},

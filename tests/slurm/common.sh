@@ -73,3 +73,32 @@ stop_local_slurm() {
   }
   exit "$rc"
 }
+
+# same_model_bits REF MODEL: every dataset and attribute of two model files is the same bits,
+# timings and the command line excepted (a resumed fit against an uninterrupted one). Prints how
+# many entries matched; on a difference, names the entries and returns non-zero.
+same_model_bits() {
+  "$python" - "$1" "$2" <<'PYEOF'
+import sys
+import h5py
+import numpy as np
+
+def items(path):
+    out = {}
+    with h5py.File(path, "r") as f:
+        def visit(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out["D:" + name] = (str(obj.dtype), obj.shape, np.asarray(obj[()]).tobytes())
+        f.visititems(visit)
+        for a, v in f.attrs.items():
+            out["A:" + a] = repr(v)
+    return out
+
+a, b = items(sys.argv[1]), items(sys.argv[2])
+skip = lambda k: "seconds" in k or k == "A:command"
+diff = [k for k in sorted(set(a) | set(b)) if not skip(k) and a.get(k) != b.get(k)]
+if diff:
+    sys.exit("%s differs from the uninterrupted run in: %s" % (sys.argv[2], diff))
+print("%d datasets and attributes identical" % len([k for k in a if not skip(k)]))
+PYEOF
+}

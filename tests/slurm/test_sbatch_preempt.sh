@@ -134,30 +134,7 @@ grep -q 'restart 1 .*(resuming)' "$job_out" || {
   show_output
   fail "model file $model was not written"
 }
-if ! report=$("$python" - "$ref" "$model" 2>&1 <<'PYEOF'
-import sys
-import h5py
-import numpy as np
-
-def items(path):
-    out = {}
-    with h5py.File(path, "r") as f:
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                out["D:" + name] = (str(obj.dtype), obj.shape, np.asarray(obj[()]).tobytes())
-        f.visititems(visit)
-        for a, v in f.attrs.items():
-            out["A:" + a] = repr(v)
-    return out
-
-a, b = items(sys.argv[1]), items(sys.argv[2])
-skip = lambda k: "seconds" in k or k == "A:command"
-diff = [k for k in sorted(set(a) | set(b)) if not skip(k) and a.get(k) != b.get(k)]
-if diff:
-    sys.exit("model differs from the uninterrupted run in: %s" % diff)
-print("%d datasets and attributes identical" % len([k for k in a if not skip(k)]))
-PYEOF
-); then
+if ! report=$(same_model_bits "$ref" "$model" 2>&1); then
   show_output
   fail "$report"
 fi
