@@ -66,6 +66,15 @@ def json_summary(stdout):
     return {k: v for k, v in j.items() if not is_timing(k) and k not in PROVENANCE}
 
 
+def run_summary(argv, timeout=300):
+    """Runs argv (exiting the test with its stderr if it fails) and returns the last JSON line
+    of its stdout, whole: the summary every caviar command prints."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise SystemExit(f"FAIL: {' '.join(argv)}\n{r.stderr}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def rank_pids(parent):
     """Pids of the direct children of `parent` (mpirun forks the local ranks itself)."""
     pids = []

@@ -6,23 +6,12 @@ generator's file is identical at 1 and 3 ranks.
 
 usage: test_formats.py CAVIAR_BIN WORKDIR
 """
-import json
-import subprocess
 import sys
 
 import h5py
 import numpy as np
 
-from clitest import fresh_workdir, mpirun
-
-
-
-
-def run(argv):
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        raise SystemExit(f"FAIL: {' '.join(argv)}\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+from clitest import fresh_workdir, mpirun, run_summary
 
 
 def main():
@@ -41,7 +30,7 @@ def main():
         f.create_dataset("chunked_f32", data=x.astype(np.float32), chunks=(333, 1), compression="gzip", shuffle=True)
 
     def fit(path, ranks, out):
-        run(mpirun(ranks) + [caviar, "-q", "gmm", "fit", "--data", p("data.h5") + ":" + path,
+        run_summary(mpirun(ranks) + [caviar, "-q", "gmm", "fit", "--data", p("data.h5") + ":" + path,
                              "-k", "3", "--seed", "4", "--max-iter", "30", "--tol", "0", "--out", out])
         with h5py.File(out, "r") as m:
             return {k: m[k][:] for k in ("weights", "means", "covariances", "trace/elbo")}
@@ -55,7 +44,7 @@ def main():
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {path}: max norm-wise relative difference {err:.2e}")
 
-    run(mpirun(3) + [caviar, "-q", "gmm", "predict", "--model", p("ref.h5"), "--data",
+    run_summary(mpirun(3) + [caviar, "-q", "gmm", "predict", "--model", p("ref.h5"), "--data",
                      p("data.h5") + ":/deep/group/chunked", "--out", p("labels.h5")])
     with h5py.File(p("labels.h5"), "r") as f:
         labels = f["labels"][:]
@@ -66,7 +55,7 @@ def main():
     print(f"{'ok  ' if blocks_ok else 'FAIL'} predict labels in row order: {np.bincount(labels)}")
 
     for ranks in (1, 3):
-        run(mpirun(ranks) + [caviar, "-q", "generate", "gmm", "--n", "5000", "--dim", "4",
+        run_summary(mpirun(ranks) + [caviar, "-q", "generate", "gmm", "--n", "5000", "--dim", "4",
                              "--components", "3", "--seed", "9", "--out", p(f"gen{ranks}.h5") + ":/data/X"])
     with h5py.File(p("gen1.h5"), "r") as a, h5py.File(p("gen3.h5"), "r") as b:
         same = all(np.array_equal(a[k][:], b[k][:]) for k in ("data/X", "data/labels", "data/true/means"))

@@ -17,8 +17,6 @@ Checks, on generated data (N = 3000, D = 3, K = 3):
 
 usage: test_gmm_init_params.py CAVIAR_BIN WORKDIR
 """
-import json
-import subprocess
 import sys
 import warnings
 
@@ -27,28 +25,21 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from clitest import fresh_workdir, h5_contents, mpirun
-
-
-def run(argv):
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise SystemExit(f"FAIL: {' '.join(argv)}\n{r.stderr}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+from clitest import fresh_workdir, h5_contents, mpirun, run_summary
 
 
 def main():
     caviar, work = sys.argv[1], sys.argv[2]
     p = fresh_workdir(work)
     data = p("data.h5") + ":/X"
-    run([caviar, "-q", "generate", "gmm", "--n", "3000", "--dim", "3", "--components", "3",
+    run_summary([caviar, "-q", "generate", "gmm", "--n", "3000", "--dim", "3", "--components", "3",
          "--seed", "11", "--out", data])
     with h5py.File(p("data.h5"), "r") as f:
         x = f["X"][:]
     failures = []
 
     def fit(ranks, out, *args):
-        return run(mpirun(ranks) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3",
+        return run_summary(mpirun(ranks) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3",
                                     "--algorithm", "em", "--tol", "0", "--out", out] + list(args))
 
     def read(path):
@@ -103,9 +94,9 @@ def main():
     print(f"{'ok  ' if same else 'FAIL'} warm start bitwise at 1, 3 and 3 ranks --stream")
 
     # 4. A diagonal CAVI model file starts a full-covariance fit.
-    run(mpirun(2) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3", "--covariance", "diag",
+    run_summary(mpirun(2) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3", "--covariance", "diag",
                      "--max-iter", "20", "--out", p("diag.h5")])
-    s = run(mpirun(2) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3", "--init-params",
+    s = run_summary(mpirun(2) + [caviar, "-q", "gmm", "fit", "--data", data, "-k", "3", "--init-params",
                          p("diag.h5"), "--max-iter", "50", "--out", p("full_from_diag.h5")])
     with h5py.File(p("full_from_diag.h5"), "r") as f:
         init = f.attrs["init"]
