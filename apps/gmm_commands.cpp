@@ -43,8 +43,9 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       ->capture_default_str();
   fit->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   auto* init = fit->add_option("--init", o->init,
-                               "kmeans++ | random | FILE.h5:/resp (N x K) [default: kmeans++; "
-                               "random with --stream]");
+                               "kmeans++ | random | random-from-data (K random points, one "
+                               "each) | FILE.h5:/resp (N x K) [default: kmeans++; random "
+                               "with --stream]");
   fit->add_option("--n-init", o->n_init,
                   "Starts (each from its own random initialisation, keyed by --seed and the "
                   "start); the fit with the best final bound is kept")

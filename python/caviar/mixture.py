@@ -113,12 +113,6 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                 "warm_start=True (continuing from the previous fit's parameters)",
                 "caviar can resume an interrupted fit from a checkpoint "
                 "(`gmm fit --checkpoint/--resume`), which is not the same thing")
-        if self.init_params == "random_from_data":
-            raise _not_implemented(
-                "init_params='random_from_data'",
-                "caviar's --init takes kmeans++, random (random responsibilities) or given "
-                "responsibilities (init_resp=); one-hot rows for a few points are refused "
-                "(every row must have a positive sum)")
         _check_launch(self)
         algorithm = getattr(self, "algorithm", "em")
         if algorithm not in self._algorithms:
@@ -146,6 +140,10 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
             # scikit-learn gives the K seeds one-hot rows and every other row zero; caviar needs
             # a positive row everywhere, so each row goes to its nearest seed (no Lloyd step).
             return ["--init", "kmeans++", "--kmeans-iter", "0"]
+        if self.init_params == "random_from_data":
+            # K points drawn without replacement by the seed (caviar's Philox stream, not
+            # scikit-learn's RandomState), one-hot; every other row is zero, as scikit-learn's.
+            return ["--init", "random-from-data"]
         return ["--init", "random"]
 
     # ------------------------------------------------------------------ fit
@@ -286,11 +284,12 @@ class BayesianGaussianMixture(_CaviarMixture):
     reg_covar : float, default=0
         caviar's variational M-step adds no regularisation, so only 0 is accepted
         (scikit-learn's default 1e-6 adds N_k 1e-6 I to each W_k^-1).
-    init_params : {'kmeans', 'k-means++', 'random'}
+    init_params : {'kmeans', 'k-means++', 'random', 'random_from_data'}
         'kmeans': caviar's greedy k-means++ seeding + 10 Lloyd steps (scikit-learn runs KMeans
         to convergence: a similar start, not the same algorithm); 'k-means++': the seeding
-        only, each row one-hot to its nearest seed; 'random': random responsibilities.
-        'random_from_data' raises NotImplementedError.
+        only, each row one-hot to its nearest seed; 'random': random responsibilities;
+        'random_from_data': K distinct points, one per component, as scikit-learn (drawn by
+        caviar's own random stream, so other points than scikit-learn's for the same seed).
     mean_prior : None or array
         None: the data mean (caviar --prior-mean data). An array works by fitting X - mean_prior
         with a zero prior mean (the model is translation equivariant), for in-memory X only.
@@ -494,7 +493,7 @@ class GaussianMixture(_CaviarMixture):
         caviar stops when the relative change of the total log-likelihood falls below tol
         (0: run max_iter iterations). scikit-learn stops on the absolute change of the mean
         log-likelihood per row (lower_bound_), so its tol t is t / |lower_bound_| here.
-    init_params : as BayesianGaussianMixture ('random_from_data' raises NotImplementedError).
+    init_params : as BayesianGaussianMixture.
     weights_init, means_init, precisions_init (not None), covariance_type 'tied'/'spherical',
     and warm_start=True raise NotImplementedError. n_init runs caviar's --n-init.
     reg_covar is caviar's --reg-covar (the same meaning as scikit-learn's).

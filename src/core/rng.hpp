@@ -13,18 +13,19 @@ enum class Stream : std::uint32_t {
   kKmeansPlusPlus = 2,
   kGenerateParams = 3,
   kGenerateRows = 4,
-  kSviMinibatch = 5,  // global minibatch draws of SVI (mixtures and LDA)
-  kVaeInit = 6,       // VAE weight initialisation
-  kVaeNoise = 7,      // VAE reparameterisation noise, keyed by (global row, step)
-  kVaeShuffle = 8,    // VAE epoch permutations
-  kLdaInit = 9,       // LDA initial topics
-  kLdaGenerate = 10,  // synthetic LDA corpora
-  kPlsaInit = 11,     // pLSA initial topics
-  kHmmInit = 12,      // HMM initial parameters
-  kHmmGenerate = 13,  // synthetic HMM sequences
-  kHmmSample = 14,    // sequences sampled from a fitted HMM
-  kGmmSample = 15,    // rows sampled from a fitted Gaussian mixture
-  kGmmStarts = 16,    // the seeds of the starts of gmm fit --n-init
+  kSviMinibatch = 5,   // global minibatch draws of SVI (mixtures and LDA)
+  kVaeInit = 6,        // VAE weight initialisation
+  kVaeNoise = 7,       // VAE reparameterisation noise, keyed by (global row, step)
+  kVaeShuffle = 8,     // VAE epoch permutations
+  kLdaInit = 9,        // LDA initial topics
+  kLdaGenerate = 10,   // synthetic LDA corpora
+  kPlsaInit = 11,      // pLSA initial topics
+  kHmmInit = 12,       // HMM initial parameters
+  kHmmGenerate = 13,   // synthetic HMM sequences
+  kHmmSample = 14,     // sequences sampled from a fitted HMM
+  kGmmSample = 15,     // rows sampled from a fitted Gaussian mixture
+  kGmmStarts = 16,     // the seeds of the starts of gmm fit --n-init
+  kInitFromData = 17,  // the K rows of gmm fit --init random-from-data
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

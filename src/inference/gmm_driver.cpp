@@ -346,6 +346,20 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
         return r;
       });
     });
+  } else if (init == "random-from-data") {
+    // One-hot rows for K distinct points, zero rows elsewhere: the other points carry no weight
+    // in the first M-step (scikit-learn's init_params="random_from_data").
+    const std::vector<std::int64_t> seeds = random_rows_from_data(src.shape().rows, k, o.seed);
+    each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t first) {
+      accumulate_sliced(model, x, stats, [&](Eigen::Index r0, Eigen::Index n) {
+        RowMatrix r = RowMatrix::Zero(n, k);
+        for (int j = 0; j < k; ++j) {
+          const std::int64_t i = seeds[static_cast<std::size_t>(j)] - (first + r0);
+          if (i >= 0 && i < n) r(i, j) = 1.0;
+        }
+        return r;
+      });
+    });
   } else if (init == "random") {
     each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t first) {
       accumulate_sliced(model, x, stats, [&](Eigen::Index r0, Eigen::Index n) {
@@ -366,17 +380,23 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
       std::string err;
       for (Eigen::Index i = 0; i < r.rows() && err.empty(); ++i) {
         const double sum = r.row(i).sum();
-        if (!r.row(i).allFinite() || (r.row(i).array() < 0).any() || !(sum > 0))
+        if (!r.row(i).allFinite() || (r.row(i).array() < 0).any())
           err = "--init " + ref.str() + ": row " + std::to_string(first + i) +
-                " is not a set of non-negative weights with a positive sum";
-        else
+                " is not a set of non-negative weights";
+        else if (sum > 0)
           r.row(i) /= sum;
+        // A zero row leaves its point out of the first M-step, as scikit-learn's one-hot starts
+        // (k-means++, random_from_data) do for every point but the K seeds.
       }
       comm.raise_if_any(err);
       comm.agree([&] { model.accumulate(x, r, stats); });
     });
   }
   reduce(&comm, stats, src.shape().rows);
+  double mass = 0;
+  for (int j = 0; j < k; ++j) mass += stats.n(j);
+  if (!(mass > 0))
+    throw Error("--init " + init + ": every row of the initial responsibilities is zero");
   return stats;
 }
 
@@ -928,7 +948,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   std::vector<std::string> inputs{ref.file};
   if (!o.init_params.empty())
     inputs.push_back(o.init_params);
-  else if (init != "random" && init != "kmeans++")
+  else if (init != "random" && init != "kmeans++" && init != "random-from-data")
     inputs.push_back(io::DataRef::parse(init).file);
   if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);

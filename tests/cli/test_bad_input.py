@@ -33,6 +33,7 @@ def main():
     with h5py.File(p("good.h5"), "w") as f:
         f["X"] = good
         f["grp/X"] = good
+        f["zero_resp"] = np.zeros((600, 3))
     with h5py.File(p("nan.h5"), "w") as f:
         x = good.copy()
         x[433, 1] = np.nan
@@ -264,6 +265,7 @@ def main():
         ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),
         ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),
         ("--checkpoint-every alone", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint-every", "5", "--out", out), "--checkpoint-every needs --checkpoint"),
+        ("init file: every row zero", 2, fit(p("good.h5") + ":/X", "-k", "3", "--init", p("good.h5") + ":/zero_resp", "--out", out), "every row of the initial responsibilities is zero"),
         ("bad init file", 2, fit(p("good.h5") + ":/X", "-k", "3", "--init", p("good.h5") + ":/X", "--out", out), "expected 600 x 3"),
         ("lda resume: a gmm checkpoint", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("ck.h5"), "--out", out), "it was written by gmm, not lda"),
         ("gmm resume: an lda checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("lda_ck.h5"), "--out", out), "it was written by lda, not gmm"),

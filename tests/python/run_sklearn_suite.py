@@ -97,11 +97,6 @@ CANNOT_APPLY = {
     "test_gaussian_mixture.py::test_gaussian_mixture_setting_best_params": (
         "covariance_type='spherical' with weights_init/means_init/precisions_init, which caviar "
         "does not implement", "NotImplementedError"),
-    "test_gaussian_mixture.py::test_init_means_not_duplicated[42-random_from_data]": (
-        "init_params='random_from_data': caviar refuses responsibilities with all-zero rows, "
-        "so it is not implemented", "NotImplementedError"),
-    "test_gaussian_mixture.py::test_means_for_all_inits[42-random_from_data]": (
-        "init_params='random_from_data' (see above)", "NotImplementedError"),
     "test_gaussian_mixture.py::test_max_iter_zero": (INIT_PARAMS, "NotImplementedError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_precisions_init_diag": (
         INIT_PARAMS, "NotImplementedError"),

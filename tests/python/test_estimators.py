@@ -381,7 +381,6 @@ def part_notimpl(workdir):
         ("GM covariance_type='tied'", GM(covariance_type="tied")),
         ("GM covariance_type='spherical'", GM(covariance_type="spherical")),
         ("GM warm_start=True", GM(warm_start=True)),
-        ("GM init_params='random_from_data'", GM(init_params="random_from_data")),
         ("BGM reg_covar=1e-6", BGM(reg_covar=1e-6)),
         ("GM means_init", GM(n_components=2, means_init=np.zeros((2, 2)))),
     ]
@@ -427,6 +426,34 @@ def part_n_init(workdir):
     return "; ".join(out)
 
 
+def part_from_data(workdir):
+    """init_params='random_from_data': with max_iter=0 the means are K distinct rows of X and
+    the weights 1/K (EM); the seed picks the rows."""
+    import caviar
+    X, _ = make_data(503, 300, 3, 4)
+    means = []
+    for seed in (1, 2):
+        gm = caviar.GaussianMixture(n_components=4, init_params="random_from_data",
+                                    random_state=seed, max_iter=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm.fit(X)
+        gap = np.abs(gm.means_[:, None, :] - X[None, :, :]).max(axis=2)
+        rows = gap.argmin(axis=1)
+        check(gap.min(axis=1).max() < 1e-12 * np.abs(X).max() and len(set(rows)) == 4,
+              "seed %d: means are rows %s of X (gap %.1e)" % (seed, rows, gap.min(axis=1).max()))
+        check(np.allclose(gm.weights_, 0.25, rtol=0, atol=1e-12), "weights %r" % gm.weights_)
+        means.append(sorted(rows))
+    check(means[0] != means[1], "seeds 1 and 2 both start from rows %s" % means[0])
+    bgm = caviar.BayesianGaussianMixture(n_components=4, init_params="random_from_data",
+                                         random_state=1, max_iter=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bgm.fit(X)
+    check(np.isfinite(bgm.lower_bound_), "BGM from data: bound %r" % bgm.lower_bound_)
+    return "rows %s and %s" % (means[0], means[1])
+
+
 # ------------------------------------------------------------------ main
 
 def main(argv=None):
@@ -457,6 +484,7 @@ def main(argv=None):
                 ("ranks", lambda: part_ranks(workdir)),
                 ("errors", lambda: part_errors(workdir)),
                 ("n_init", lambda: part_n_init(workdir)),
+                ("from_data", lambda: part_from_data(workdir)),
                 ("notimpl", lambda: part_notimpl(workdir))])
     failed = []
     t_all = time.time()

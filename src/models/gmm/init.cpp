@@ -1,8 +1,10 @@
 #include "models/gmm/init.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "core/error.hpp"
 #include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
@@ -23,6 +25,30 @@ RowMatrix random_responsibilities(std::int64_t row_begin, std::int64_t n_rows, i
     r.row(i) /= r.row(i).sum();
   }
   return r;
+}
+
+std::vector<std::int64_t> random_rows_from_data(std::int64_t n_global, int k, std::uint64_t seed) {
+  if (n_global < k)
+    throw Error("--init random-from-data needs at least K = " + std::to_string(k) +
+                " rows (the data has " + std::to_string(n_global) + ")");
+  // Component j draws u_j,step until floor(u n) is a row no earlier component took. Rejection
+  // keeps every K-subset equally likely in every order; with n >= K it ends, on average in under
+  // n / (n - K + 1) draws per component.
+  const CounterRng rng(seed, Stream::kInitFromData);
+  std::vector<std::int64_t> rows;
+  rows.reserve(static_cast<std::size_t>(k));
+  for (int j = 0; j < k; ++j) {
+    for (std::uint32_t step = 0;; ++step) {
+      const double u = rng.uniform2(static_cast<std::uint64_t>(j), step)[0];
+      const auto row = std::min<std::int64_t>(
+          n_global - 1, static_cast<std::int64_t>(u * static_cast<double>(n_global)));
+      if (std::find(rows.begin(), rows.end(), row) == rows.end()) {
+        rows.push_back(row);
+        break;
+      }
+    }
+  }
+  return rows;
 }
 
 namespace {
