@@ -47,7 +47,7 @@ python=${PYTHON:-/usr/bin/python3}
 t_start=$SECONDS
 
 # --- preconditions: all failures, never skips -------------------------------------------------
-[[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces and veth need CAP_NET_ADMIN)"
+[[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces need CAP_SYS_ADMIN, the veth pair CAP_NET_ADMIN)"
 for c in ip unshare mount hostname mpirun; do
   command -v "$c" >/dev/null || fail "'$c' not found (scripts/install_deps.sh installs iproute2)"
 done
@@ -96,11 +96,11 @@ try() {  # try WHAT COMMAND...: runs it; on failure, one line with WHAT and the 
   local out
   out=$("${@:2}" 2>&1) || fail "$1 failed: ${out//$'\n'/ }"
 }
-try "ip netns add $ns_a (needs CAP_NET_ADMIN)" ip netns add "$ns_a"
+try "ip netns add $ns_a (needs CAP_SYS_ADMIN)" ip netns add "$ns_a"
 made_ns+=("$ns_a")
 try "ip netns add $ns_b" ip netns add "$ns_b"
 made_ns+=("$ns_b")
-try "ip link add (veth)" ip link add "$veth_a" type veth peer name "$veth_b"
+try "ip link add (a veth pair; needs CAP_NET_ADMIN)" ip link add "$veth_a" type veth peer name "$veth_b"
 try "moving the veth ends into the namespaces" ip link set "$veth_a" netns "$ns_a"
 try "moving the veth ends into the namespaces" ip link set "$veth_b" netns "$ns_b"
 try "address of $ns_a" ip -n "$ns_a" addr add "$addr_a/24" dev "$veth_a"
