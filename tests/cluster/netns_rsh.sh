@@ -5,16 +5,19 @@
 # namespace of this machine.
 #
 # CAVIAR_NETNS_HOSTS lists the hosts as space-separated ADDRESS=NAMESPACE=HOSTNAME entries. The
-# command runs in NAMESPACE, in new UTS, IPC and mount namespaces: HOSTNAME as the host name (both
-# namespaces would otherwise report the machine's one name, and Open MPI would take them for one
-# node), its own System V IPC, and empty tmpfs mounts on /tmp and /dev/shm (a host's Open MPI
-# session directory and shared-memory files are its own, as on real machines, so no shared-memory
-# segment can be mapped by processes of both hosts; everything else, the test's files included,
-# is still the one shared filesystem).
-# `netns_rsh.sh --argv HOST PROGRAM ARGS...` enters the host the same way but runs PROGRAM with its
-# arguments as given, not through a shell (the test starts mpirun on the first host with it).
-# Every remote-shell call (not --argv) appends "ADDRESS NAMESPACE" to $CAVIAR_NETNS_LOG if set, so the test can count the
-# daemons mpirun started.
+# command runs in NAMESPACE, in new UTS, IPC and mount namespaces:
+#  - HOSTNAME as the host name. Open MPI itself tells the hosts apart by the hostfile's addresses
+#    (the test also passed with the machine's one name for both), but anything that goes by
+#    gethostname(), a rank's log line or MPI_Get_processor_name, would see one host;
+#  - its own System V IPC, and empty tmpfs mounts on /tmp and /dev/shm: a host's Open MPI session
+#    directory and shared-memory files are its own, as on real machines, so no shared-memory
+#    segment can be mapped by processes of both hosts. Everything else, the test's files
+#    included, is still the one shared filesystem.
+#
+# `netns_rsh.sh --argv HOST PROGRAM ARGS...` enters the host the same way but runs PROGRAM with
+# its arguments as given, not through a shell (the test starts mpirun on the first host with it).
+# Every remote-shell call (not --argv) appends "ADDRESS NAMESPACE" to $CAVIAR_NETNS_LOG if set,
+# so the test can count the daemons mpirun started.
 set -euo pipefail
 prog=${0##*/}
 as_argv=0
