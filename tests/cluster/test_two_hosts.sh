@@ -21,7 +21,9 @@
 #   3. a longer GMM fit with --checkpoint on two hosts, stopped by SIGUSR1 to mpirun (which
 #      passes it to the second host's daemon and so to its ranks); all ranks must stop with exit
 #      code 75 and a checkpoint; --resume at 4 ranks on one host must then give an uninterrupted
-#      1h fit's bits.
+#      1h fit's bits;
+#   4. an LDA fit (online VB) on two hosts with a checkpoint every 10 steps; its last checkpoint,
+#      resumed at 1 rank, must give the two-host model's bits (LDA resumes at any rank count).
 #
 # The two-host runs use `--mca pml ob1 --mca btl tcp,self`: the only transport between two
 # processes is TCP, here over the veth pair (the ranks of one host talk over TCP too). The hosts
@@ -261,6 +263,23 @@ stopped=$(iterations "$work/ck_2h.err")
 run_logged ck_resumed on_one_host "${ck_fit[@]}" --out "$work/ck_resumed.h5" --resume "$work/ck.h5"
 report=$(same_results "gmm stopped on two hosts after ~$stopped iterations, resumed on one" \
   "$work/ck_ref.h5" "$work/ck_resumed.h5" "$work/ck_ref.json" "$work/ck_resumed.json" 2>&1) ||
+  fail "$report"
+log "$report"
+
+# --- 4. LDA: periodic checkpoints on two hosts, resume at 1 rank --------------------------------
+# LDA promises the uninterrupted bytes on a resume at any rank count. Online VB over the 600
+# documents in minibatches of 100: 6 steps a pass, 36 in all; with a checkpoint every 10 steps the
+# last one is taken after step 30, and 1 rank on one host does the last 6 steps from it.
+lda_svi=("$caviar" lda fit --data "$work/corpus.h5" --topics 5 --algorithm svi --batch-size 100
+  --max-iter 6 --seed 4)
+run_logged lda_ck_2h on_two_hosts "${lda_svi[@]}" --out "$work/lda_ck_2h.h5" \
+  --checkpoint "$work/lda_ck.h5" --checkpoint-every 10
+step=$("$python" -c 'import h5py, sys; print(int(h5py.File(sys.argv[1], "r").attrs["t"]))' \
+  "$work/lda_ck.h5") || fail "cannot read the step of $work/lda_ck.h5"
+[[ $step == 30 ]] || fail "the last LDA checkpoint is after step $step, want 30"
+run_logged lda_ck_1r "$caviar" "${lda_svi[@]:1}" --out "$work/lda_ck_1r.h5" --resume "$work/lda_ck.h5"
+report=$(same_results "lda checkpointed on two hosts after step 30, resumed at 1 rank" \
+  "$work/lda_ck_2h.h5" "$work/lda_ck_1r.h5" "$work/lda_ck_2h.json" "$work/lda_ck_1r.json" 2>&1) ||
   fail "$report"
 log "$report"
 log "PASS ($((SECONDS - t_start)) s)"
