@@ -50,7 +50,7 @@ t_start=$SECONDS
 
 # --- preconditions: all failures, never skips -------------------------------------------------
 [[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces need CAP_SYS_ADMIN, the veth pair CAP_NET_ADMIN)"
-for c in ip unshare mount hostname mpirun; do
+for c in ip unshare mount hostname timeout mpirun; do
   command -v "$c" >/dev/null || fail "'$c' not found (scripts/install_deps.sh installs iproute2)"
 done
 [[ -x $agent ]] || fail "agent $agent not found or not executable"
@@ -128,9 +128,13 @@ mpirun_2h=(mpirun -n 4 --hostfile "$work/hostfile" --map-by slot
   --mca plm_rsh_agent "$agent" --mca pml ob1 --mca btl tcp,self
   --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" -x OMP_NUM_THREADS
   --mca mpi_yield_when_idle 1)
-on_two_hosts() { "$agent" --argv "$addr_a" "${mpirun_2h[@]}" "$@"; }
+# Every run is bounded: a launch that hangs fails with exit 124 well inside ctest's timeout,
+# which would kill this script before its trap could delete the namespaces.
+run_limit=120
+on_two_hosts() { timeout -k 10 "$run_limit" "$agent" --argv "$addr_a" "${mpirun_2h[@]}" "$@"; }
 # The reference: 4 ranks on this machine's own host, Open MPI's default (shared-memory) transport.
-on_one_host() { mpirun -n 4 --oversubscribe "$@"; }
+on_one_host() { timeout -k 10 "$run_limit" mpirun -n 4 --oversubscribe "$@"; }
+on_one_rank() { timeout -k 10 "$run_limit" "$@"; }
 
 veth_bytes() {  # bytes that crossed the veth pair so far (what B sent plus what it received)
   local rx tx
@@ -182,6 +186,7 @@ run_logged() {  # run_logged NAME LAUNCHER ARGS...: stdout to NAME.json, stderr 
   "$@" >"$work/$name.json" 2>"$work/$name.err" || rc=$?
   if ((rc != 0)); then
     tail -n 20 "$work/$name.err" >&2
+    ((rc != 124)) || fail "$name: '$*' did not finish within $run_limit s"
     fail "$name: '$*' exited with $rc"
   fi
 }
@@ -250,6 +255,11 @@ done
 comm=$(cat "/proc/$mpirun_pid/comm" 2>/dev/null || true)
 [[ $comm == mpirun ]] || fail "pid $mpirun_pid is '$comm', not mpirun"
 kill -USR1 "$mpirun_pid"
+deadline=$((SECONDS + run_limit))
+while kill -0 "$mpirun_pid" 2>/dev/null; do
+  ((SECONDS < deadline)) || fail "the two-host fit did not stop within $run_limit s of SIGUSR1"
+  sleep 0.1
+done
 rc=0
 wait "$mpirun_pid" || rc=$?
 [[ $rc -eq 75 ]] || {
@@ -277,7 +287,7 @@ run_logged lda_ck_2h on_two_hosts "${lda_svi[@]}" --out "$work/lda_ck_2h.h5" \
 step=$("$python" -c 'import h5py, sys; print(int(h5py.File(sys.argv[1], "r").attrs["t"]))' \
   "$work/lda_ck.h5") || fail "cannot read the step of $work/lda_ck.h5"
 [[ $step == 30 ]] || fail "the last LDA checkpoint is after step $step, want 30"
-run_logged lda_ck_1r "$caviar" "${lda_svi[@]:1}" --out "$work/lda_ck_1r.h5" --resume "$work/lda_ck.h5"
+run_logged lda_ck_1r on_one_rank "${lda_svi[@]}" --out "$work/lda_ck_1r.h5" --resume "$work/lda_ck.h5"
 report=$(same_results "lda checkpointed on two hosts after step 30, resumed at 1 rank" \
   "$work/lda_ck_2h.h5" "$work/lda_ck_1r.h5" "$work/lda_ck_2h.json" "$work/lda_ck_1r.json" 2>&1) ||
   fail "$report"
