@@ -148,8 +148,10 @@ netns_id() { ip netns exec "$1" readlink /proc/self/ns/net; }
 id_a=$(netns_id "$ns_a") id_b=$(netns_id "$ns_b")
 : >"$CAVIAR_NETNS_LOG"
 # shellcheck disable=SC2016 # expanded by each rank's shell
-placement=$(on_two_hosts sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $(readlink /proc/self/ns/net)"' 2>&1) ||
-  fail "mpirun across the two hosts failed: ${placement//$'\n'/ | }"
+placement=$(on_two_hosts sh -c 'echo "$OMPI_COMM_WORLD_RANK $(hostname) $(readlink /proc/self/ns/net)"' 2>&1) || {
+  printf '%s\n' "$placement" >&2
+  fail "mpirun across the two hosts failed (its output above)"
+}
 want=$(printf '0 %s %s\n1 %s %s\n2 %s %s\n3 %s %s' "$host_a" "$id_a" "$host_a" "$id_a" \
   "$host_b" "$id_b" "$host_b" "$id_b")
 [[ $(sort <<<"$placement") == "$want" ]] ||
