@@ -18,9 +18,10 @@
 #      (CAVI) and a VAE training (Gaussian likelihood): every dataset and attribute of each output
 #      bitwise equal between 2h and 1h, timings and the command line excepted (the output paths
 #      differ, so the files are not byte for byte the same), and the same JSON summary;
-#   3. a longer GMM fit with --checkpoint on two hosts, stopped by SIGUSR1 to mpirun (which
-#      passes it to the second host's daemon and so to its ranks); all ranks must stop with exit
-#      code 75 and a checkpoint; --resume at 4 ranks on one host must then give an uninterrupted
+#   3. a longer GMM fit with --checkpoint on two hosts, stopped by SIGUSR1 to mpirun (Open MPI
+#      forwards it to the ranks; caviar's ranks agree on the stop in one allreduce, so all of them
+#      stop at the same boundary): mpirun must exit with the ranks' 75, with "stopped by SIGUSR1",
+#      a checkpoint and no model; --resume at 4 ranks on one host must then give an uninterrupted
 #      1h fit's bits;
 #   4. an LDA fit (online VB) on two hosts with a checkpoint every 10 steps; its last checkpoint,
 #      resumed at 1 rank, must give the two-host model's bits (LDA resumes at any rank count).
@@ -253,7 +254,8 @@ until (($(iterations "$work/ck_2h.err") >= 20)); do
   ((SECONDS < deadline)) || fail "no progress from the two-host fit within 60 s"
   sleep 0.05
 done
-# SIGUSR1 to mpirun: it passes the signal to its local ranks and, through the daemon, to host B's.
+# SIGUSR1 to mpirun: it forwards the signal to its local ranks and, through the daemon, to host
+# B's (the ranks' agreement makes any one of them enough for all to stop).
 comm=$(cat "/proc/$mpirun_pid/comm" 2>/dev/null || true)
 [[ $comm == mpirun ]] || fail "pid $mpirun_pid is '$comm', not mpirun"
 kill -USR1 "$mpirun_pid"
