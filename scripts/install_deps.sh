@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs caviar's build, test and plotting dependencies from Debian packages (lmod: the install
-# test loads caviar's modulefile with it).
+# test loads caviar's modulefile with it; iproute2: the two-host test's network namespaces).
 # Safe to run twice: apt-get skips what is already installed.
 set -euo pipefail
 
@@ -12,7 +12,7 @@ pkgs=(
   libgtest-dev googletest libbenchmark-dev
   zlib1g-dev dataset-fashion-mnist
   libopenblas0-pthread
-  lmod
+  lmod iproute2
   python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib python3-pytest
 )
 if [[ "${CAVIAR_WITH_SLURM:-0}" == 1 ]]; then
