@@ -80,6 +80,51 @@ def _precisions_cholesky_from_covariances(covariances, covariance_type):
     return 1.0 / np.sqrt(covariances)
 
 
+def _check_init_array(value, shape, name):
+    """A given initial parameter as float64 of the expected shape (scikit-learn's message)."""
+    a = np.asarray(value, dtype=np.float64)
+    if a.shape != tuple(shape):
+        raise ValueError("The parameter '%s' should have the shape of %s, but got %s"
+                         % (name, tuple(shape), a.shape))
+    if not np.all(np.isfinite(a)):
+        raise ValueError("The parameter '%s' should be finite" % name)
+    return a
+
+
+def _check_init_weights(value, K):
+    """weights_init: K proportions in [0, 1] that sum to 1 (scikit-learn's messages, whose
+    range message names the minimum 'max value' and the maximum 'min value')."""
+    w = _check_init_array(value, (K,), "weights")
+    if np.any(w < 0.0) or np.any(w > 1.0):
+        raise ValueError("The parameter 'weights' should be in the range [0, 1], but got max "
+                         "value %.5f, min value %.5f" % (np.min(w), np.max(w)))
+    if not np.allclose(np.abs(1.0 - np.sum(w)), 0.0):
+        raise ValueError("The parameter 'weights' should be normalized, but got sum(weights) = "
+                         "%.5f" % np.sum(w))
+    return w
+
+
+def _covariances_of_precisions(value, covariance_type, K, D):
+    """precisions_init checked (scikit-learn's messages) and turned into the covariances that
+    caviar's --init-params file holds: full, Sigma = L^-T L^-1 from the Cholesky factor
+    Lambda = L L^T; diag, 1 / lambda."""
+    name = "%s precision" % covariance_type
+    if covariance_type == "full":
+        prec = _check_init_array(value, (K, D, D), name)
+        out = np.empty_like(prec)
+        for k, lam in enumerate(prec):
+            if not (np.allclose(lam, lam.T) and np.all(linalg.eigvalsh(lam) > 0.0)):
+                raise ValueError("'%s' should be symmetric, positive-definite" % name)
+            inv_l = linalg.solve_triangular(linalg.cholesky(lam, lower=True), np.eye(D),
+                                            lower=True)
+            out[k] = inv_l.T @ inv_l
+        return out
+    prec = _check_init_array(value, (K, D), name)
+    if np.any(prec <= 0.0):
+        raise ValueError("'%s' should be positive" % name)
+    return 1.0 / prec
+
+
 def _precisions(prec_chol, covariance_type):
     if covariance_type == "full":
         return np.einsum("kij,klj->kil", prec_chol, prec_chol)
@@ -99,6 +144,7 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
     """Shared by the two mixtures: parameter checks, the run, prediction."""
 
     _algorithms = ()
+    _warm_start_supported = False
 
     # ------------------------------------------------------------------ checks
     def _check_caviar_params(self):
@@ -108,11 +154,12 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
             raise _not_implemented(
                 "covariance_type=%r" % (self.covariance_type,),
                 "`caviar gmm fit --covariance` takes full or diag")
-        if self.warm_start:
+        if self.warm_start and not self._warm_start_supported:
             raise _not_implemented(
-                "warm_start=True (continuing from the previous fit's parameters)",
-                "caviar can resume an interrupted fit from a checkpoint "
-                "(`gmm fit --checkpoint/--resume`), which is not the same thing")
+                "warm_start=True for %s (continuing from the previous posterior)"
+                % type(self).__name__,
+                "caviar's --init-params starts from point estimates (GaussianMixture); "
+                "`gmm fit --checkpoint/--resume` continues an interrupted fit")
         _check_launch(self)
         algorithm = getattr(self, "algorithm", "em")
         if algorithm not in self._algorithms:
@@ -182,20 +229,27 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                 ref = wd.file("x.h5") + ":/X"
                 _runner.write_matrix(wd.file("x.h5"), data)
             model = wd.file("model.h5")
-            args = (["gmm", "fit", "--data", ref, "--components", self.n_components,
-                     "--covariance", self.covariance_type, "--max-iter", self.max_iter,
-                     "--tol", repr(float(self.tol)), "--seed", _seed(self.random_state),
-                     "--out", model] + self._init_args(wd, n_rows) + args)
-            if self.n_init != 1:
-                # caviar's starts are keyed by (seed, start) and the best final bound is kept,
-                # as scikit-learn keeps the best lower bound.
-                args += ["--n-init", self.n_init]
-            if self.stream:
-                args.append("--stream")
-            summary = _runner.run(args, caviar_bin=self.caviar_bin, n_ranks=self.n_ranks,
-                                  n_threads=self.n_threads, mpirun=self.mpirun,
-                                  verbose=self.verbose)
-            self._read_model(model, shift)
+            base = (["gmm", "fit", "--data", ref, "--components", self.n_components,
+                     "--covariance", self.covariance_type, "--tol", repr(float(self.tol)),
+                     "--seed", _seed(self.random_state)] + args
+                    + (["--stream"] if self.stream else []))
+
+            def run(extra):
+                return _runner.run(base + extra, caviar_bin=self.caviar_bin,
+                                   n_ranks=self.n_ranks, n_threads=self.n_threads,
+                                   mpirun=self.mpirun, verbose=self.verbose)
+
+            start = self._given_start(wd, run, ref, n_rows, n_features)
+            if start is not None:
+                summary = self._fit_from(start, run, model)
+            else:
+                extra = ["--max-iter", self.max_iter, "--out", model] + self._init_args(wd, n_rows)
+                if self.n_init != 1:
+                    # caviar's starts are keyed by (seed, start) and the best final bound is
+                    # kept, as scikit-learn keeps the best lower bound.
+                    extra += ["--n-init", self.n_init]
+                summary = run(extra)
+                self._read_model(model, shift)
         self.n_features_in_ = self.means_.shape[1]
         self.caviar_summary_ = summary
         if not self.converged_:
@@ -204,6 +258,11 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                                                           summary.get("stop_reason")),
                           ConvergenceWarning, stacklevel=3)  # points at the caller of fit
         return self
+
+    def _given_start(self, wd, run, ref, n_rows, n_features):
+        """A start from given parameters (GaussianMixture), or None: start from
+        responsibilities."""
+        return None
 
     def _forget_feature_names(self):
         if hasattr(self, "feature_names_in_"):
@@ -494,8 +553,13 @@ class GaussianMixture(_CaviarMixture):
         (0: run max_iter iterations). scikit-learn stops on the absolute change of the mean
         log-likelihood per row (lower_bound_), so its tol t is t / |lower_bound_| here.
     init_params : as BayesianGaussianMixture.
-    weights_init, means_init, precisions_init (not None), covariance_type 'tied'/'spherical',
-    and warm_start=True raise NotImplementedError. n_init runs caviar's --n-init.
+    weights_init, means_init, precisions_init : EM starts from them (caviar's --init-params);
+        the missing ones come from the M-step of the init_params responsibilities.
+    warm_start : once fitted, fit() continues EM from the fitted parameters for max_iter
+        iterations (caviar's --init-params on them).
+    covariance_type 'tied'/'spherical' raise NotImplementedError. n_init runs caviar's
+    --n-init (not with given parameters, from which every start is the same). A warm start
+    is also converged_ when its first EM step changes the bound by less than tol.
     reg_covar is caviar's --reg-covar (the same meaning as scikit-learn's).
 
     caviar's own parameters: n_ranks, n_threads, caviar_bin, mpirun, stream, init_resp, as in
@@ -509,6 +573,7 @@ class GaussianMixture(_CaviarMixture):
 
     _parameter_constraints = dict(_GM_CONSTRAINTS)
     _algorithms = ("em",)
+    _warm_start_supported = True
 
     def __init__(self, n_components=1, *, covariance_type="full", tol=1e-6, reg_covar=1e-6,
                  max_iter=100, n_init=1, init_params="kmeans", weights_init=None,
@@ -537,13 +602,67 @@ class GaussianMixture(_CaviarMixture):
         self.init_resp = init_resp
 
     def _model_args(self, wd, X, ref, n_features):
-        for name in ("weights_init", "means_init", "precisions_init"):
-            if getattr(self, name) is not None:
-                raise _not_implemented(
-                    "%s (starting EM from given parameters)" % name,
-                    "caviar starts from responsibilities: init_params, or init_resp= for given "
-                    "ones")
         return ["--algorithm", "em", "--reg-covar", repr(float(self.reg_covar))], None
+
+    def _given_start(self, wd, run, ref, n_rows, n_features):
+        """EM's first parameters when they are given: the previous fit's (warm_start, once
+        fitted; the *_init are then ignored, as in scikit-learn), or weights_init, means_init
+        and precisions_init, the missing ones taken from the M-step of the init_params
+        responsibilities (scikit-learn's _initialize). Returns (FILE.h5 with /weights,
+        /means, /covariances, the previous fit's lower_bound_ or None)."""
+        import h5py
+        if self.warm_start and hasattr(self, "converged_"):
+            w, m, c, prev = self.weights_, self.means_, self.covariances_, self.lower_bound_
+        else:
+            given = (self.weights_init, self.means_init, self.precisions_init)
+            if all(v is None for v in given):
+                return None
+            K = self.n_components
+            D = n_features if n_features is not None else _runner.dataset_shape(ref)[1]
+            w = None if given[0] is None else _check_init_weights(given[0], K)
+            m = None if given[1] is None else _check_init_array(given[1], (K, D), "means")
+            c = None if given[2] is None else _covariances_of_precisions(
+                given[2], self.covariance_type, K, D)
+            if w is None or m is None or c is None:
+                first = wd.file("first.h5")
+                run(["--max-iter", 0, "--out", first] + self._init_args(wd, n_rows))
+                with h5py.File(first, "r") as f:
+                    w = f["weights"][...] if w is None else w
+                    m = f["means"][...] if m is None else m
+                    c = f["covariances"][...] if c is None else c
+            prev = None
+        path = wd.file("start.h5")
+        with h5py.File(path, "w") as f:
+            f["weights"], f["means"], f["covariances"] = w, m, c
+        return path, (w, m, c), prev
+
+    def _fit_from(self, start, run, model):
+        """EM from given parameters. scikit-learn's max_iter counts EM iterations from them;
+        caviar's --init-params start is the first of them (its E-step, then the M-step), so
+        --max-iter is one less. max_iter=0 keeps the given parameters, as scikit-learn."""
+        path, (w, m, c), prev = start
+        if self.max_iter == 0:
+            self.weights_, self.means_, self.covariances_ = (np.array(w, dtype=np.float64),
+                                                             np.array(m, dtype=np.float64),
+                                                             np.array(c, dtype=np.float64))
+            self.precisions_cholesky_ = _precisions_cholesky_from_covariances(
+                self.covariances_, self.covariance_type)
+            self.precisions_ = _precisions(self.precisions_cholesky_, self.covariance_type)
+            self.log_likelihood_trace_ = np.zeros(0)
+            self.lower_bound_, self.n_iter_, self.converged_ = -np.inf, 0, False
+            return {"iterations": 0, "stop_reason": "max-iter"}
+        summary = run(["--max-iter", self.max_iter - 1, "--init-params", path, "--out", model])
+        self._read_model(model, None)
+        self.n_iter_ += 1
+        if prev is not None and not self.converged_:
+            # A warm start's first EM step is tested against the previous fit's bound (the
+            # log-likelihood of the parameters it started from), by caviar's rule.
+            import h5py
+            with h5py.File(model, "r") as f:
+                first = self.log_likelihood_trace_[0] / float(_attr(dict(f.attrs), "n_samples"))
+            if abs(first - prev) <= self.tol * max(abs(first), 1e-300):
+                self.converged_ = True
+        return summary
 
     def _read_model(self, path, shift):
         import h5py

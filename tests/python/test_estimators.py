@@ -380,9 +380,8 @@ def part_notimpl(workdir):
         ("BGM covariance_type='spherical'", BGM(covariance_type="spherical")),
         ("GM covariance_type='tied'", GM(covariance_type="tied")),
         ("GM covariance_type='spherical'", GM(covariance_type="spherical")),
-        ("GM warm_start=True", GM(warm_start=True)),
+        ("BGM warm_start=True", BGM(warm_start=True)),
         ("BGM reg_covar=1e-6", BGM(reg_covar=1e-6)),
-        ("GM means_init", GM(n_components=2, means_init=np.zeros((2, 2)))),
     ]
     for what, est in cases:
         est.set_params(caviar_bin=nobin)
@@ -454,6 +453,52 @@ def part_from_data(workdir):
     return "rows %s and %s" % (means[0], means[1])
 
 
+def part_given_start(workdir):
+    """GaussianMixture from weights_init, means_init and precisions_init against scikit-learn
+    from the same parameters; max_iter=0 keeps them; a partial start (means_init only) keeps
+    the given means; warm_start: three fits of max_iter=1 equal one fit of max_iter=3."""
+    import caviar
+    from sklearn.mixture import GaussianMixture as SkGM
+    X, _ = make_data(504, 400, 2, 3)
+    K = 3
+    rng = np.random.default_rng(4)
+    w0 = np.array([0.2, 0.3, 0.5])
+    m0 = X[rng.choice(len(X), K, replace=False)]
+    p0 = np.stack([np.eye(2) * s for s in (1.0, 0.5, 2.0)]) + 0.05
+    given = dict(weights_init=w0, means_init=m0, precisions_init=p0, tol=0, reg_covar=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = caviar.GaussianMixture(K, max_iter=5, **given).fit(X)
+        sk = SkGM(K, max_iter=5, **given).fit(X)
+        zero = caviar.GaussianMixture(K, max_iter=0, **given).fit(X)
+        part = caviar.GaussianMixture(K, max_iter=0, means_init=m0, random_state=1).fit(X)
+    err_sk = max(np.abs(ours.weights_ - sk.weights_).max(),
+                 np.abs(ours.means_ - sk.means_).max(),
+                 np.abs(ours.covariances_ - sk.covariances_).max())
+    check(err_sk < 1e-9,
+          "5 EM iterations from given parameters: %.1e from scikit-learn's" % err_sk)
+    check(ours.n_iter_ == sk.n_iter_ == 5, "n_iter_ %d, scikit-learn's %d" % (ours.n_iter_,
+                                                                           sk.n_iter_))
+    check(np.array_equal(zero.means_, m0) and np.array_equal(zero.weights_, w0)
+          and np.allclose(zero.precisions_, p0, rtol=1e-12, atol=0),
+          "max_iter=0 keeps the given parameters")
+    check(np.array_equal(part.means_, m0) and abs(part.weights_.sum() - 1) < 1e-12,
+          "means_init alone: means kept, weights from the init responsibilities")
+    # warm start: each fit continues from the last; three single iterations = one of three.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        once = caviar.GaussianMixture(K, max_iter=3, tol=0, init_params="random",
+                                      random_state=2).fit(X)
+        warm = caviar.GaussianMixture(K, max_iter=1, tol=0, init_params="random",
+                                      random_state=2, warm_start=True)
+        scores = [warm.fit(X).score(X) for _ in range(3)]
+    err = max(np.abs(once.means_ - warm.means_).max(),
+              np.abs(once.covariances_ - warm.covariances_).max())
+    check(err < 1e-12, "warm start: 3 fits of 1 iteration vs 1 of 3: %.1e" % err)
+    check(scores[0] <= scores[1] <= scores[2], "warm start: the score never falls %r" % scores)
+    return "given start %.1e from scikit-learn, warm start %.1e" % (err_sk, err)
+
+
 # ------------------------------------------------------------------ main
 
 def main(argv=None):
@@ -485,6 +530,7 @@ def main(argv=None):
                 ("errors", lambda: part_errors(workdir)),
                 ("n_init", lambda: part_n_init(workdir)),
                 ("from_data", lambda: part_from_data(workdir)),
+                ("given_start", lambda: part_given_start(workdir)),
                 ("notimpl", lambda: part_notimpl(workdir))])
     failed = []
     t_all = time.time()
