@@ -15,6 +15,7 @@ libopenblas0-pthread is installed) with OPENBLAS_NUM_THREADS threads.
 
 usage: compare_sklearn.py CAVIAR_BIN WORKDIR [--scale 0.1] [--shapes 0,1,2] [--threads 2]
                           [--algorithm cavi|em] [--covariance full|diag]
+                          [--init random-from-data|random]
 """
 import argparse
 import contextlib
@@ -49,9 +50,9 @@ def run(argv, env=None):
 
 
 def caviar_per_iter(caviar, data, k, ranks, threads, iters, workdir, algorithm, covariance,
-                    fast=False, single=False):
+                    init, fast=False, single=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init", "random",
+    argv = mpirun(ranks) + [caviar, "gmm", "fit", "--data", data, "-k", str(k), "--init", init,
                             "--seed", "1", "--max-iter", str(iters), "--tol", "0",
                             "--algorithm", algorithm, "--covariance", covariance,
                             "--out", os.path.join(workdir, "caviar_model.h5")]
@@ -132,6 +133,11 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="cores to use, for both sides")
     ap.add_argument("--algorithm", default="cavi", choices=["cavi", "em"])
     ap.add_argument("--covariance", default="full", choices=["full", "diag"])
+    ap.add_argument("--init", default="random-from-data", choices=["random-from-data", "random"],
+                    help="caviar's start: one point per component, one-hot (the start scikit-learn "
+                         "is given here, init_params='random_from_data', though not the same "
+                         "points), or dense random responsibilities (the hard case: every row "
+                         "weighs on every component in the first iterations)")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     threads = args.threads
@@ -147,7 +153,7 @@ def main():
             x = f["X"][:]
         sk = sklearn_per_iter(x, k, SKLEARN_ITERS[si], args.algorithm, args.covariance)
         kind = (args.caviar, data + ":/X", k)
-        opts = (CAVIAR_ITERS[si], args.workdir, args.algorithm, args.covariance)
+        opts = (CAVIAR_ITERS[si], args.workdir, args.algorithm, args.covariance, args.init)
         one, elbo = caviar_per_iter(*kind, 1, threads, *opts)
         two, _ = caviar_per_iter(*kind, threads, 1, *opts)
         fast, _ = caviar_per_iter(*kind, 1, threads, *opts, fast=True)
@@ -166,8 +172,8 @@ def main():
     load = os.getloadavg()[0]
     peer = "GaussianMixture" if args.algorithm == "em" else "BayesianGaussianMixture"
     print(f"\n{args.algorithm.upper()} time per iteration ({args.covariance} covariance) against "
-          f"sklearn {peer}, {threads} cores; load average {load:.2f} at the end (other processes "
-          f"inflate both sides)")
+          f"sklearn {peer}, {threads} cores, caviar --init {args.init}; load average "
+          f"{load:.2f} at the end (other processes inflate both sides)")
     print(f"| N | D | K | sklearn s/iter | caviar 1 rank x {threads} threads | ratio | "
           f"caviar {threads} ranks x 1 thread | ratio | 1x{threads} --fast-reduce | exact/fast | "
           f"caviar dense-equivalent GFLOP/s (% of DGEMM) | 1x{threads} --precision single | double/single | "
@@ -181,7 +187,7 @@ def main():
     print(f"DGEMM peak measured in this run (numpy/OpenBLAS, {threads} threads, 4096^3): "
           f"{peak:.1f} GFLOP/s")
     print(json.dumps({"algorithm": args.algorithm, "covariance": args.covariance,
-                      "dgemm_gflops": peak,
+                      "init": args.init, "dgemm_gflops": peak,
                       "rows": [dict(n=r[0], d=r[1], k=r[2], sklearn=r[3], caviar_1xT=r[4],
                                     caviar_Tx1=r[5], caviar_fast_1xT=r[6], caviar_single_1xT=r[7],
                                     single_rel_diff=r[8]) for r in rows]}))

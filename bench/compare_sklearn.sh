@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side time per iteration, caviar vs scikit-learn, at the benchmark shapes.
 #   bench/compare_sklearn.sh [--scale 0.1] [--shapes 0,1,2] [--threads 2] [--algorithm cavi|em]
-#                            [--covariance full|diag]
+#                            [--covariance full|diag] [--init random-from-data|random]
 # Builds caviar if needed; numpy runs on OpenBLAS-pthread (libopenblas0-pthread, installed by
 # scripts/install_deps.sh) with the same number of threads as caviar uses cores.
 set -euo pipefail
