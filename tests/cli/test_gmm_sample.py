@@ -13,7 +13,6 @@ drawn at 1 and at 3 ranks. Checks:
 
 usage: test_gmm_sample.py CAVIAR_BIN WORKDIR
 """
-import json
 import subprocess
 import sys
 

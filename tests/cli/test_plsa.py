@@ -12,18 +12,16 @@
 
 usage: test_plsa.py CAVIAR_BIN WORKDIR
 """
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, fresh_workdir, h5_differences, mpirun, summary  # noqa: E402
+from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)

@@ -402,7 +402,6 @@ def part_notimpl(workdir):
 
 def part_n_init(workdir):
     import caviar
-    import h5py
     X, _ = make_data(502, 400, 2, 4)
     out = []
     for Est in (caviar.GaussianMixture, caviar.BayesianGaussianMixture):
