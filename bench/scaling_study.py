@@ -779,8 +779,8 @@ def write_doc(res, an, a, meta, figdir_rel, path):
     add("    E_strong(P) = T(1) / (P T(P)),   E_weak(P) = T(1) / T(P)")
     add("")
     add("- `T_ar` is Rabenseifner's allreduce (reduce-scatter by recursive halving, allgather by "
-        "recursive doubling) as costed by Thakur, Rabenseifner & Gropp (2005), which MPICH and "
-        "Open MPI use for long messages. Their combine term (P−1)/P m gamma is left out of the "
+        "recursive doubling) as costed by Thakur, Rabenseifner & Gropp (2005), which MPICH uses "
+        "for long messages. Their combine term (P−1)/P m gamma is left out of the "
         "projection (see *What changes the picture*); on this machine it is inside the fitted "
         "beta.")
     add("- `T_par` is the 1-rank step minus `T_ser`; `T_ser` is the part every rank repeats (the "
@@ -938,8 +938,9 @@ def write_doc(res, an, a, meta, figdir_rel, path):
             f"T_ar(1024) is {fmt_t(A['gmm192']['proj']['strong'][-1]['allreduce'])} against "
             f"{fmt_t(A['vae']['proj']['strong'][-1]['allreduce'])}. `--fast-reduce` (doubles) "
             f"halves the GMM's message to {fmt_b(g['bytes'] / 2)} and with it the bandwidth "
-            "term, at the price of rank-dependent last bits. The exponent trick that makes the "
-            "sums exact needs 128 bits at this D; the VAE gets by with 64.")
+            "term, at the price of rank-dependent last bits. The GMM's exact sums travel as "
+            "128-bit integers, the VAE's fixed-point gradient as 64-bit ones: per value, the "
+            "GMM's message is twice as wide.")
     add(f"- **The combine term.** Thakur et al. cost an allreduce with a third term "
         "(P−1)/P m gamma for the arithmetic of the reduction. For int64 it is MPI's own sum; "
         "the GMM's Int128 sum is a user-defined op, a loop in `src/comm/comm.cpp`. On this "
