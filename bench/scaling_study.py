@@ -720,6 +720,18 @@ def write_doc(res, an, a, meta, figdir_rel, path):
                   f"{100 * wa['proj']['weak'][-1]['eff']:.0f}%, crossover "
                   f"{wa['cross_strong'] if wa['cross_strong'] else '> 2^24'}"
                   for n, wa in an["workloads"].items()) + ".")
+    two = []
+    for n, w in res["workloads"].items():
+        pt = {x["p"]: x for x in w["strong"]}
+        if 1 in pt and 2 in pt and pt[1]["compute"] > 0:
+            c = pt[2]["compute"] / pt[1]["compute"]
+            comm = pt[2]["allreduce"] + (pt[2]["wait"] or 0.0)
+            two.append(f"{n}: compute {c:.2f}x, allreduce + waiting {100 * comm / pt[2]['t']:.0f}%")
+    if two:
+        add("- **Where the 2-rank step went** (strong scaling; compute per step at P = 2 relative "
+            "to P = 1, ideal 0.50x, and the share of the P = 2 step spent in allreduce and "
+            "waiting): " + "; ".join(two) + ". Where compute stays near 1x, each rank got about "
+            "half a core: the loss is other processes on the shared cores, not communication.")
     if not cluster:
         add("- **Measured here** only P = 1 and 2 are scaling points; P = 4 is oversubscribed "
             "(a contention point). The machine was shared with other work during the "
