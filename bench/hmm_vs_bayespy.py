@@ -20,7 +20,7 @@ difference here, not as a win.
 
 usage: hmm_vs_bayespy.py [--caviar build/caviar] [--workdir DIR] [--quick]
        [--sequences 2000 --length 200 --states 8 --symbols 16] [--starts 5] [--json OUT]
---quick (< 60 s): 100 sequences x 40 steps, K = 3, V = 6, tol 1e-6; the ctest bench.hmm_vs_bayespy.
+--quick (< 60 s): 100 sequences x 40 steps, K = 3, V = 6, tol 1e-6, at most 200 iterations.
 --speed-only: time per iteration only (use with --starts 1 --max-iter N --tol 0 at sizes where
 BayesPy cannot converge in reasonable time); no ELBO verdict.
 Exit 77 when BayesPy (Debian python3-bayespy) is not installed.
@@ -240,7 +240,8 @@ def main():
         1e-7 * abs(fc)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(sequences=args.sequences, length=args.length, states=args.states,
+            json.dump(dict(data_seed=args.data_seed, sequences=args.sequences, length=args.length,
+                           states=args.states,
                            symbols=args.symbols, prior=prior, tol=args.tol, ranks=args.ranks,
                            threads=os.environ.get("OMP_NUM_THREADS"), loadavg=loadavg(),
                            caviar_elbo=best_c["elbo"], bayespy_elbo=best_b["elbo"],
