@@ -242,7 +242,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump(dict(data_seed=args.data_seed, sequences=args.sequences, length=args.length,
                            states=args.states,
-                           symbols=args.symbols, prior=prior, tol=args.tol, ranks=args.ranks,
+                           symbols=args.symbols, prior=prior, tol=args.tol,
+                           max_iter=args.max_iter, ranks=args.ranks,
                            threads=os.environ.get("OMP_NUM_THREADS"), loadavg=loadavg(),
                            caviar_elbo=best_c["elbo"], bayespy_elbo=best_b["elbo"],
                            caviar_formula=fc, bayespy_formula=fb,
