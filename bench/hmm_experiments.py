@@ -177,6 +177,8 @@ def main():
     ap.add_argument("--results", default=os.path.join(HERE, "..", "docs", "experiments",
                                                       "hmm_results.json"),
                     help="every measured number is saved here")
+    ap.add_argument("--also-results", nargs="*", default=[],
+                    help="results JSON files of other runs whose K = 16 rows are shown too")
     ap.add_argument("--from-results", action="store_true",
                     help="rewrite hmm.md from --results and the same --bayespy-json and "
                          "--speed-json files, without running anything")
@@ -191,10 +193,16 @@ def main():
               json.load(open(args.speed_json)) if args.speed_json else None]
     except (OSError, ValueError) as e:
         fail("cannot read a --bayespy-json or --speed-json file: %s" % e)
+    also = []
+    for f in args.also_results:
+        with open(f) as h:
+            o = json.load(h)
+        also.append((o["args"]["k16_sequences"], o["k16"]))
+    args.also_k16 = also
     if args.from_results:
         with open(args.results) as f:
             res = json.load(f)
-        write_doc(argparse.Namespace(**res["args"]), res["rec_steps"], res["rec"], res["k16"],
+        write_doc(argparse.Namespace(also_k16=also, **res["args"]), res["rec_steps"], res["rec"], res["k16"],
                   res["true_score"], res["scaling"], bp, res["load0"], res["load1"],
                   res["seconds"], args.out)
         return
@@ -266,14 +274,18 @@ def write_doc(args, rec_steps, rec, k16, true_score, scal, bp, load0, load1, sec
         "scored per step by `hmm score` (the point estimates; for CAVI the posterior means); the "
         "generating model scores %.4f.\n" % (args.k16_sequences, args.tol, args.max_iter, args.seeds,
                                                true_score))
-    add("| algorithm | objective | iterations | effective states (>= 1%) | occupancies (sorted) "
-        "| held-out log-lik. per step |")
-    add("|---|---|---|---|---|---|")
-    for x in k16:
-        occ = ", ".join("%.3f" % o for o in x["occupancy"])
-        add("| %s | %.4f | %d%s | %d | %s | %.4f |" % (
-            x["alg"], x["objective"], x["iterations"], "" if x["converged"] else " (cap)",
-            x["effective"], occ, x["score"]))
+    add("| sequences | algorithm | objective | iterations | effective states (>= 1%) | "
+        "switched off (< 0.1%) | occupancies (sorted) | held-out log-lik. per step |")
+    add("|---|---|---|---|---|---|---|---|")
+    for n, rows in [(args.k16_sequences, k16)] + list(getattr(args, "also_k16", [])):
+        for x in rows:
+            occ = ", ".join("%.3f" % o for o in x["occupancy"])
+            add("| %d | %s | %.4f | %d%s | %d | %d | %s | %.4f |" % (
+                n, x["alg"], x["objective"], x["iterations"], "" if x["converged"] else " (cap)",
+                x["effective"], sum(o < 1e-3 for o in x["occupancy"]), occ, x["score"]))
+    if getattr(args, "also_k16", None):
+        add("\nThe rows with other sequence counts come from another run of this script on data "
+            "from the same generating model (`--seed 2`; the same held-out sequences).")
     add("")
     add("## BayesPy\n")
     if not bp[0]:
@@ -352,6 +364,7 @@ def write_doc(args, rec_steps, rec, k16, true_score, scal, bp, load0, load1, sec
         add("| %s | %d x %d | %.4g | %.2f |" % (x["alg"], x["ranks"], x["threads"], x["per_iter"],
                                                one["per_iter"] / x["per_iter"]))
     add("")
+    os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, "hmm.md")
     with open(out + ".tmp", "w") as f:
         f.write("\n".join(L))
