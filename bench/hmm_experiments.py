@@ -242,6 +242,8 @@ def write_doc(args, rec_steps, rec, k16, true_score, scal, bp, load0, load1, sec
         "%s at the end (%.0f s in all). Times are medians and are only compared within this page's "
         "runs; absolute times are slow and noisy.\n"
         % (time.strftime("%Y-%m-%d", time.gmtime()), load0, load1, seconds))
+    add("The BayesPy runs' own output is kept in `docs/experiments/hmm_bayespy/` and every other "
+        "number in `hmm_results.json`; `--from-results` rewrites this page from them.\n")
     add("```bash\nbench/hmm_vs_bayespy.py --caviar build/caviar --json bp.json      # see below for "
         "the sizes\nbench/hmm_experiments.py --caviar build/caviar --rec-sequences %d "
         "--k16-sequences %d --seeds %d \\\n    --max-iter %d --tol %g --bayespy-json bp.json --speed-json speed.json\n```\n"
