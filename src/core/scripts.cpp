@@ -31,4 +31,10 @@ std::string script_path(const std::string& name) {
               exe.string() + "); reinstall caviar (cmake --install)");
 }
 
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace caviar

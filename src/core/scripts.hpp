@@ -10,4 +10,8 @@ namespace caviar {
 // The full path of scripts/<name>; throws Error naming where it looked if the file is not there.
 std::string script_path(const std::string& name);
 
+// s quoted for /bin/sh (single quotes; an embedded ' becomes '\''), for the commands that run
+// those scripts through std::system.
+std::string shell_quote(const std::string& s);
+
 }  // namespace caviar

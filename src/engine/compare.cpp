@@ -28,12 +28,6 @@ constexpr const char* kHeldoutTraces[] = {"heldout", "perplexity"};
 // K: the models that record it as an attribute; otherwise the length of /weights (the GMM).
 constexpr const char* kCountAttrs[] = {"n_components", "n_topics", "n_states"};
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // "a gmm", "an lda", "an hmm": the article as the model name is read aloud.
 std::string a_model(const std::string& model) {
   const bool vowel_sound =

@@ -568,12 +568,6 @@ std::string plot_script() {
   return script_path("plot_vae.py");
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Rank 0 writes /images (n x D) with the grid shape, then renders the PNG with matplotlib.
 void write_images(const Comm& comm, const ImageOptions& o, const Mat<float>& images,
                   std::int64_t grid_rows, std::int64_t grid_cols, const std::string& kind) {

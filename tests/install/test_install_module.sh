@@ -31,7 +31,7 @@ echo "--- cmake --install $build --prefix $prefix"
   fail "cmake --install failed"
 }
 for f in bin/caviar share/modulefiles/caviar/$version share/caviar/scripts/plot_gmm.py \
-  share/caviar/scripts/plot_vae.py share/caviar/jobscripts/fit.sbatch \
+  share/caviar/scripts/plot_vae.py share/caviar/scripts/plot_hmm.py share/caviar/jobscripts/fit.sbatch \
   share/caviar/jobscripts/README.md share/caviar/python/caviar/__init__.py \
   share/doc/caviar/README.md share/doc/caviar/reproducibility.md; do
   [[ -e $prefix/$f ]] || fail "not installed: $prefix/$f"

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
+#include "core/scripts.hpp"
 #include "engine/batch.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/compare.hpp"
@@ -380,10 +382,30 @@ void score(const engine::Context& ctx, const std::string& model_file, const std:
   print_summary(ctx, j);
 }
 
+// Rank 0: draws the PNG of a few decoded sequences and the model's trace with
+// scripts/plot_hmm.py (matplotlib), from the files already written.
+void render_png(const std::string& script, const std::string& model_file, const std::string& data,
+                const std::string& paths, const std::string& png) {
+  const char* py = std::getenv("CAVIAR_PYTHON");
+  const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(script) +
+                          " --model " + shell_quote(model_file) + " --data " + shell_quote(data) +
+                          " --paths " + shell_quote(paths) + " --out " + shell_quote(png);
+  if (std::system(cmd.c_str()) != 0)
+    throw Error("rendering " + png + " failed (" + cmd +
+                "); it needs Debian's python3-matplotlib and python3-h5py");
+}
+
 void decode(const engine::Context& ctx, const std::string& model_file, const std::string& data,
-            const std::string& out) {
+            const std::string& out, const std::string& png) {
   const Comm& comm = *ctx.comm;
   io::check_output_path(comm, out, {model_file, data});
+  if (!png.empty()) {
+    io::check_output_path(comm, png, {model_file, data, out});
+    if (png == out) throw Error("--png and --out name the same file");
+  }
+  // Found before anything is written: a missing script leaves no output behind.
+  std::string script;
+  if (!png.empty()) comm.on_root([&] { script = script_path("plot_hmm.py"); });
   const Loaded l = load(ctx, model_file, data);
   const Data& d = *l.data;
   std::vector<std::int64_t> path(static_cast<std::size_t>(d.steps.size()));
@@ -392,9 +414,14 @@ void decode(const engine::Context& ctx, const std::string& model_file, const std
   w.write_rows("states", d.summary.steps, d.steps, path.data(), {});
   w.commit();
   print_progress(ctx, "wrote " + out + ":/states");
+  if (!png.empty()) {
+    comm.on_root([&] { render_png(script, model_file, data, out, png); });
+    print_progress(ctx, "wrote " + png);
+  }
   nlohmann::ordered_json j;
   j["steps"] = d.summary.steps;
   j["sequences"] = d.summary.sequences;
+  if (!png.empty()) j["png"] = png;
   print_summary(ctx, j);
 }
 
@@ -644,8 +671,12 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   dc->add_option("--data", *data, "Sequences FILE.h5 (/X, /offsets)")->required();
   dc->add_option("--out", *out, "File to write the paths to (dataset states, int64 per step)")
       ->required();
-  dc->callback([&ctx, model, data, out] {
-    ctx.action = [&ctx, model, data, out] { decode(ctx, *model, *data, *out); };
+  auto png = std::make_shared<std::string>();
+  dc->add_option("--png", *png,
+                 "PNG to write: the first sequences coloured by decoded state, and the model's "
+                 "trace (rendered by scripts/plot_hmm.py)");
+  dc->callback([&ctx, model, data, out, png] {
+    ctx.action = [&ctx, model, data, out, png] { decode(ctx, *model, *data, *out, *png); };
   });
 
   auto so = std::make_shared<SampleOptions>();
