@@ -720,23 +720,25 @@ def write_doc(res, an, a, meta, figdir_rel, path):
                   f"{100 * wa['proj']['weak'][-1]['eff']:.0f}%, crossover "
                   f"{wa['cross_strong'] if wa['cross_strong'] else '> 2^24'}"
                   for n, wa in an["workloads"].items()) + ".")
-    two = []
+    two, starved = [], False
     for n, w in res["workloads"].items():
         pt = {x["p"]: x for x in w["strong"]}
         if 1 in pt and 2 in pt and pt[1]["compute"] > 0:
             c = pt[2]["compute"] / pt[1]["compute"]
             comm = pt[2]["allreduce"] + (pt[2]["wait"] or 0.0)
             two.append(f"{n}: compute {c:.2f}x, allreduce + waiting {100 * comm / pt[2]['t']:.0f}%")
+            starved = starved or c > 0.75
     if two:
         add("- **Where the 2-rank step went** (strong scaling; compute per step at P = 2 relative "
             "to P = 1, ideal 0.50x, and the share of the P = 2 step spent in allreduce and "
-            "waiting): " + "; ".join(two) + ". Where compute stays near 1x, each rank got about "
-            "half a core: the loss is other processes on the shared cores, not communication.")
+            "waiting): " + "; ".join(two) + "." + (
+                " Where compute stays near 1x, each rank got about half a core: the loss is "
+                "other processes on the shared cores, not communication." if starved else ""))
     if not cluster:
         add("- **Measured here** only P = 1 and 2 are scaling points; P = 4 is oversubscribed "
-            "(a contention point). The machine was shared with other work during the "
-            f"measurements (load average {meta['load']} at start / end), so the measured "
-            "efficiencies are lower bounds of what a quiet machine gives.")
+            f"(a contention point). Load average at start / end: {meta['load']}; whatever else "
+            "runs on the 2 cores lowers the measured efficiencies, so they are lower bounds of "
+            "what an idle machine gives.")
     add("")
     add("## The machine, and what it can and cannot show")
     add("")
@@ -749,7 +751,7 @@ def write_doc(res, an, a, meta, figdir_rel, path):
         add("- **P = 1 and 2 are the only scaling points.** P = 4 runs 4 ranks on 2 cores "
             "(`--oversubscribe`): it measures contention (ranks descheduled while others wait in "
             "the collective), not scaling. It is drawn hollow and marked *oversubscribed*.")
-        add("- The machine is shared (another process runs short MPI tests now and then). Every "
+        add("- The machine may be shared with other work. Every "
             f"point is the **median of {a.repeats} runs**; within a GMM or LDA run the step time "
             "is itself the median over iterations of `trace/seconds` (LDA: the mean, see below).")
         add(f"- Load average at the start and end of the measurements: {meta['load']}. "
