@@ -18,8 +18,8 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
