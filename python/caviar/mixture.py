@@ -608,8 +608,9 @@ class GaussianMixture(_CaviarMixture):
         """EM's first parameters when they are given: the previous fit's (warm_start, once
         fitted; the *_init are then ignored, as in scikit-learn), or weights_init, means_init
         and precisions_init, the missing ones taken from the M-step of the init_params
-        responsibilities (scikit-learn's _initialize). Returns (FILE.h5 with /weights,
-        /means, /covariances, the previous fit's lower_bound_ or None)."""
+        responsibilities (scikit-learn's _initialize). Returns (FILE.h5 holding them as
+        /weights, /means, /covariances; the same three arrays; the previous fit's
+        lower_bound_, or None when not warm-starting), or None: start from responsibilities."""
         import h5py
         if self.warm_start and hasattr(self, "converged_"):
             w, m, c, prev = self.weights_, self.means_, self.covariances_, self.lower_bound_
