@@ -25,36 +25,14 @@ import sys
 
 import numpy as np
 
+from plot_io import UserError, open_h5, split_spec
+
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_gmm.py"
-
-
-class UserError(Exception):
-    pass
 
 
 def fail(msg):
     print("%s: error: %s" % (PROG, msg), file=sys.stderr)
     sys.exit(2)
-
-
-def split_spec(spec, default_path=None, what="--data"):
-    """'file.h5:/path' -> (file, '/path'); the split is at the last ':/'."""
-    idx = spec.rfind(":/")
-    if idx < 0:
-        if default_path is None:
-            raise UserError("%s expects FILE.h5:/dataset, got %r" % (what, spec))
-        return spec, default_path
-    return spec[:idx], spec[idx + 1:]
-
-
-def open_h5(fname, what):
-    import h5py
-    if not os.path.exists(fname):
-        raise UserError("%s file not found: %s" % (what, fname))
-    try:
-        return h5py.File(fname, "r")
-    except OSError as e:
-        raise UserError("cannot open %s file %s as HDF5: %s" % (what, fname, e))
 
 
 def get_dataset(f, path, fname, what):

@@ -22,34 +22,14 @@ import sys
 
 import numpy as np
 
+from plot_io import UserError, open_h5, split_spec
+
 PROG = "plot_hmm.py"
-
-
-class UserError(Exception):
-    pass
 
 
 def fail(msg):
     print("%s: error: %s" % (PROG, msg), file=sys.stderr)
     sys.exit(2)
-
-
-def split_spec(spec, default_path):
-    """'file.h5:/path' -> (file, '/path'), split at the last ':/'; a bare file gets default_path."""
-    idx = spec.rfind(":/")
-    if idx < 0:
-        return spec, default_path
-    return spec[:idx], spec[idx + 1:]
-
-
-def open_h5(fname, what):
-    import h5py
-    if not os.path.exists(fname):
-        raise UserError("%s file not found: %s" % (what, fname))
-    try:
-        return h5py.File(fname, "r")
-    except OSError as e:
-        raise UserError("cannot open %s file %s as HDF5: %s" % (what, fname, e))
 
 
 def dataset(f, path, fname):

@@ -1,0 +1,28 @@
+"""HDF5 input of the plotting scripts (plot_gmm.py, plot_hmm.py), which import it from their own
+directory: dataset specs and file opening, with one-line errors raised as UserError."""
+import os
+
+
+class UserError(Exception):
+    """A bad input; the script prints it as one line and exits non-zero."""
+
+
+def split_spec(spec, default_path=None, what="--data"):
+    """'file.h5:/path' -> (file, '/path'); the split is at the last ':/'. A bare file gets
+    default_path, or is an error where there is none."""
+    idx = spec.rfind(":/")
+    if idx < 0:
+        if default_path is None:
+            raise UserError("%s expects FILE.h5:/dataset, got %r" % (what, spec))
+        return spec, default_path
+    return spec[:idx], spec[idx + 1:]
+
+
+def open_h5(fname, what):
+    import h5py
+    if not os.path.exists(fname):
+        raise UserError("%s file not found: %s" % (what, fname))
+    try:
+        return h5py.File(fname, "r")
+    except OSError as e:
+        raise UserError("cannot open %s file %s as HDF5: %s" % (what, fname, e))
