@@ -26,6 +26,8 @@ enum class Stream : std::uint32_t {
   kGmmSample = 15,     // rows sampled from a fitted Gaussian mixture
   kGmmStarts = 16,     // the seeds of the starts of gmm fit --n-init
   kInitFromData = 17,  // the K rows of gmm fit --init random-from-data
+  kBbviInit = 18,      // the starting low-rank factor of black-box VI
+  kBbviNoise = 19,     // black-box VI draws, keyed by (step, draw)
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

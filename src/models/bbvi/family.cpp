@@ -1,0 +1,353 @@
+#include "models/bbvi/family.hpp"
+
+#include <cmath>
+#include <numbers>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace caviar::bbvi {
+namespace {
+
+using Eigen::MatrixXd;
+using Eigen::VectorXd;
+using CMap = Eigen::Map<const VectorXd>;
+using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+const double kLog2Pi = std::log(2 * std::numbers::pi);
+
+std::int64_t tri(int p) {
+  return std::int64_t{p} * (p + 1) / 2;
+}
+std::int64_t tri_at(int i, int j) {
+  return tri(i) + j;
+}  // L_ij, j <= i, in row order
+
+// The full-rank factor L from lambda (diagonal stored as log L_ii).
+MatrixXd factor(std::span<const double> lambda, int p) {
+  MatrixXd l = MatrixXd::Zero(p, p);
+  const double* v = lambda.data() + p;
+  for (int i = 0; i < p; ++i) {
+    for (int j = 0; j < i; ++j) l(i, j) = v[tri_at(i, j)];
+    l(i, i) = std::exp(v[tri_at(i, i)]);
+  }
+  return l;
+}
+
+// Sigma = B B^T + C^2 through the Woodbury identity (Golub & Van Loan 2013, section 2.1.4):
+//   Sigma^-1 = C^-2 - C^-2 B M^-1 B^T C^-2,  M = I_r + B^T C^-2 B,
+//   log det Sigma = sum log c_i^2 + log det M  (matrix determinant lemma),
+//   Sigma^-1 B = C^-2 B M^-1.
+struct LowRank {
+  Eigen::Map<const RowMajor> b;
+  VectorXd c2inv;  // 1 / c_i^2
+  double log_det_c2 = 0;
+  Eigen::LLT<MatrixXd> m;
+
+  LowRank(std::span<const double> lambda, int p, int r) : b(lambda.data() + p, p, r), c2inv(p) {
+    const double* logc = lambda.data() + p + std::int64_t{p} * r;
+    for (int i = 0; i < p; ++i) {
+      c2inv[i] = std::exp(-2 * logc[i]);
+      log_det_c2 += 2 * logc[i];
+    }
+    MatrixXd mm = MatrixXd::Identity(r, r);
+    mm.noalias() += b.transpose() * c2inv.asDiagonal() * b;
+    m.compute(mm);
+  }
+  double log_det() const {
+    const MatrixXd& f = m.matrixLLT();
+    double s = log_det_c2;
+    for (int k = 0; k < f.rows(); ++k) s += 2 * std::log(f(k, k));
+    return s;
+  }
+  VectorXd solve(const VectorXd& delta) const {  // Sigma^-1 delta
+    const VectorXd u = c2inv.cwiseProduct(delta);
+    return u - c2inv.cwiseProduct(b * m.solve(b.transpose() * u));
+  }
+  MatrixXd sinv_b() const { return c2inv.asDiagonal() * (m.solve(b.transpose())).transpose(); }
+  VectorXd sinv_diag(
+      const MatrixXd& sb) const {  // diag(Sigma^-1) = c^-2 - c^-2 b_i^T (Sigma^-1 B)_i
+    VectorXd d(c2inv.size());
+    for (Eigen::Index i = 0; i < d.size(); ++i) d[i] = c2inv[i] * (1 - b.row(i).dot(sb.row(i)));
+    return d;
+  }
+};
+
+}  // namespace
+
+FamilyKind parse_family(const std::string& s) {
+  if (s == "meanfield") return FamilyKind::kMeanField;
+  if (s == "fullrank") return FamilyKind::kFullRank;
+  if (s == "lowrank") return FamilyKind::kLowRank;
+  throw Error("--family must be meanfield, fullrank or lowrank, not '" + s + "'");
+}
+
+std::string to_string(FamilyKind f) {
+  switch (f) {
+    case FamilyKind::kMeanField:
+      return "meanfield";
+    case FamilyKind::kFullRank:
+      return "fullrank";
+    case FamilyKind::kLowRank:
+      return "lowrank";
+  }
+  return "?";
+}
+
+Family::Family(FamilyKind kind, int dim, int rank) : kind_(kind), p_(dim), r_(rank) {
+  if (dim < 1) throw Error("the variational family needs at least one parameter");
+  if (kind == FamilyKind::kLowRank && (rank < 1 || rank > dim))
+    throw Error("--rank must be in [1, " + std::to_string(dim) + "] (the number of parameters)");
+  if (kind != FamilyKind::kLowRank) r_ = 0;
+}
+
+std::int64_t Family::n_params() const {
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      return 2 * std::int64_t{p_};
+    case FamilyKind::kFullRank:
+      return p_ + tri(p_);
+    case FamilyKind::kLowRank:
+      return 2 * std::int64_t{p_} + std::int64_t{p_} * r_;
+  }
+  return 0;
+}
+
+int Family::n_noise() const {
+  return kind_ == FamilyKind::kLowRank ? r_ + p_ : p_;
+}
+
+void Family::init(std::span<double> lambda, double init_sd, std::uint64_t seed) const {
+  std::fill(lambda.begin(), lambda.end(), 0.0);
+  const double log_sd = std::log(init_sd);
+  double* v = lambda.data() + p_;
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      for (int i = 0; i < p_; ++i) v[i] = log_sd;
+      break;
+    case FamilyKind::kFullRank:
+      for (int i = 0; i < p_; ++i) v[tri_at(i, i)] = log_sd;
+      break;
+    case FamilyKind::kLowRank: {
+      // Var theta_i = |b_i|^2 + c_i^2 = init_sd^2 with |b_i|^2 about 1e-4 init_sd^2.
+      const CounterRng rng(seed, Stream::kBbviInit);
+      const std::int64_t nb = std::int64_t{p_} * r_;
+      for (std::int64_t k = 0; k < nb; ++k)
+        v[k] = 0.01 * init_sd / std::sqrt(double(r_)) * rng.normal2(std::uint64_t(k), 0)[0];
+      for (int i = 0; i < p_; ++i) {
+        double bb = 0;
+        for (int j = 0; j < r_; ++j)
+          bb += v[std::int64_t{i} * r_ + j] * v[std::int64_t{i} * r_ + j];
+        v[nb + i] = 0.5 * std::log(init_sd * init_sd - bb);
+      }
+      break;
+    }
+  }
+}
+
+void Family::draw(std::span<const double> lambda, std::span<const double> eps,
+                  std::span<double> theta) const {
+  const double* mu = lambda.data();
+  const double* v = lambda.data() + p_;
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      for (int i = 0; i < p_; ++i) theta[i] = mu[i] + std::exp(v[i]) * eps[i];
+      break;
+    case FamilyKind::kFullRank:
+      for (int i = 0; i < p_; ++i) {
+        double s = mu[i] + std::exp(v[tri_at(i, i)]) * eps[i];
+        for (int j = 0; j < i; ++j) s += v[tri_at(i, j)] * eps[j];
+        theta[i] = s;
+      }
+      break;
+    case FamilyKind::kLowRank: {
+      const double* logc = v + std::int64_t{p_} * r_;
+      for (int i = 0; i < p_; ++i) {
+        double s = mu[i] + std::exp(logc[i]) * eps[r_ + i];
+        for (int j = 0; j < r_; ++j) s += v[std::int64_t{i} * r_ + j] * eps[j];
+        theta[i] = s;
+      }
+      break;
+    }
+  }
+}
+
+double Family::log_q(std::span<const double> lambda, std::span<const double> theta) const {
+  const VectorXd delta = CMap(theta.data(), p_) - CMap(lambda.data(), p_);
+  const double c = -0.5 * p_ * kLog2Pi;
+  switch (kind_) {
+    case FamilyKind::kMeanField: {
+      double s = c;
+      for (int i = 0; i < p_; ++i) {
+        const double z = delta[i] * std::exp(-lambda[p_ + i]);
+        s -= lambda[p_ + i] + 0.5 * z * z;
+      }
+      return s;
+    }
+    case FamilyKind::kFullRank: {
+      const MatrixXd l = factor(lambda, p_);
+      const VectorXd z = l.triangularView<Eigen::Lower>().solve(delta);
+      return c - l.diagonal().array().log().sum() - 0.5 * z.squaredNorm();
+    }
+    case FamilyKind::kLowRank: {
+      const LowRank lr(lambda, p_, r_);
+      return c - 0.5 * lr.log_det() - 0.5 * delta.dot(lr.solve(delta));
+    }
+  }
+  return 0;
+}
+
+double Family::entropy(std::span<const double> lambda) const {
+  // H = 0.5 log det(2 pi e Sigma).
+  const double c = 0.5 * p_ * (1 + kLog2Pi);
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      return c + CMap(lambda.data() + p_, p_).sum();
+    case FamilyKind::kFullRank: {
+      double s = c;
+      for (int i = 0; i < p_; ++i) s += lambda[p_ + tri_at(i, i)];
+      return s;
+    }
+    case FamilyKind::kLowRank:
+      return c + 0.5 * LowRank(lambda, p_, r_).log_det();
+  }
+  return 0;
+}
+
+void Family::add_score(std::span<const double> lambda, std::span<const double> theta,
+                       std::span<double> grad) const {
+  const VectorXd delta = CMap(theta.data(), p_) - CMap(lambda.data(), p_);
+  double* g = grad.data();
+  double* gv = g + p_;
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      // z = delta / sigma: d/dmu = z / sigma, d/domega = z^2 - 1.
+      for (int i = 0; i < p_; ++i) {
+        const double inv = std::exp(-lambda[p_ + i]), z = delta[i] * inv;
+        g[i] += z * inv;
+        gv[i] += z * z - 1;
+      }
+      break;
+    case FamilyKind::kFullRank: {
+      // z = L^-1 delta, u = L^-T z: d/dmu = u, d/dL = lower(u z^T) - diag(1 / L_ii); the
+      // diagonal is stored as log L_ii, so its entry is L_ii u_i z_i - 1.
+      const MatrixXd l = factor(lambda, p_);
+      const VectorXd z = l.triangularView<Eigen::Lower>().solve(delta);
+      const VectorXd u = l.triangularView<Eigen::Lower>().transpose().solve(z);
+      for (int i = 0; i < p_; ++i) {
+        g[i] += u[i];
+        for (int j = 0; j < i; ++j) gv[tri_at(i, j)] += u[i] * z[j];
+        gv[tri_at(i, i)] += l(i, i) * u[i] * z[i] - 1;
+      }
+      break;
+    }
+    case FamilyKind::kLowRank: {
+      // v = Sigma^-1 delta; d/dSigma = (v v^T - Sigma^-1) / 2, so d/dB = v (v^T B) - Sigma^-1 B
+      // and d/dlog c_i = c_i^2 (v_i^2 - (Sigma^-1)_ii).
+      const LowRank lr(lambda, p_, r_);
+      const VectorXd v = lr.solve(delta);
+      const MatrixXd sb = lr.sinv_b();
+      const VectorXd sd = lr.sinv_diag(sb);
+      const VectorXd vb = lr.b.transpose() * v;
+      for (int i = 0; i < p_; ++i) {
+        g[i] += v[i];
+        for (int j = 0; j < r_; ++j) gv[std::int64_t{i} * r_ + j] += v[i] * vb[j] - sb(i, j);
+        gv[std::int64_t{p_} * r_ + i] += (v[i] * v[i] - sd[i]) / lr.c2inv[i];
+      }
+      break;
+    }
+  }
+}
+
+void Family::add_entropy_grad(std::span<const double> lambda, std::span<double> grad) const {
+  double* gv = grad.data() + p_;
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      for (int i = 0; i < p_; ++i) gv[i] += 1;
+      break;
+    case FamilyKind::kFullRank:
+      for (int i = 0; i < p_; ++i) gv[tri_at(i, i)] += 1;
+      break;
+    case FamilyKind::kLowRank: {
+      // d/dB (0.5 log det Sigma) = Sigma^-1 B; d/dlog c_i = c_i^2 (Sigma^-1)_ii.
+      const LowRank lr(lambda, p_, r_);
+      const MatrixXd sb = lr.sinv_b();
+      const VectorXd sd = lr.sinv_diag(sb);
+      for (int i = 0; i < p_; ++i) {
+        for (int j = 0; j < r_; ++j) gv[std::int64_t{i} * r_ + j] += sb(i, j);
+        gv[std::int64_t{p_} * r_ + i] += sd[i] / lr.c2inv[i];
+      }
+      break;
+    }
+  }
+}
+
+void Family::add_reparam_grad(std::span<const double> lambda, std::span<const double> eps,
+                              std::span<const double> g_theta, std::span<double> grad) const {
+  double* g = grad.data();
+  double* gv = g + p_;
+  for (int i = 0; i < p_; ++i) g[i] += g_theta[i];
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      for (int i = 0; i < p_; ++i) gv[i] += g_theta[i] * eps[i] * std::exp(lambda[p_ + i]);
+      break;
+    case FamilyKind::kFullRank:
+      for (int i = 0; i < p_; ++i) {
+        for (int j = 0; j < i; ++j) gv[tri_at(i, j)] += g_theta[i] * eps[j];
+        gv[tri_at(i, i)] += g_theta[i] * eps[i] * std::exp(lambda[p_ + tri_at(i, i)]);
+      }
+      break;
+    case FamilyKind::kLowRank: {
+      const double* logc = lambda.data() + p_ + std::int64_t{p_} * r_;
+      for (int i = 0; i < p_; ++i) {
+        for (int j = 0; j < r_; ++j) gv[std::int64_t{i} * r_ + j] += g_theta[i] * eps[j];
+        gv[std::int64_t{p_} * r_ + i] += g_theta[i] * eps[r_ + i] * std::exp(logc[i]);
+      }
+      break;
+    }
+  }
+}
+
+VectorXd Family::mean(std::span<const double> lambda) const {
+  return CMap(lambda.data(), p_);
+}
+
+VectorXd Family::marginal_sd(std::span<const double> lambda) const {
+  VectorXd sd(p_);
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      sd = CMap(lambda.data() + p_, p_).array().exp();
+      break;
+    case FamilyKind::kFullRank: {
+      const MatrixXd l = factor(lambda, p_);
+      sd = l.rowwise().norm();
+      break;
+    }
+    case FamilyKind::kLowRank: {
+      const LowRank lr(lambda, p_, r_);
+      for (int i = 0; i < p_; ++i) sd[i] = std::sqrt(lr.b.row(i).squaredNorm() + 1 / lr.c2inv[i]);
+      break;
+    }
+  }
+  return sd;
+}
+
+MatrixXd Family::covariance(std::span<const double> lambda) const {
+  switch (kind_) {
+    case FamilyKind::kMeanField:
+      return CMap(lambda.data() + p_, p_).array().exp().square().matrix().asDiagonal();
+    case FamilyKind::kFullRank: {
+      const MatrixXd l = factor(lambda, p_);
+      return l * l.transpose();
+    }
+    case FamilyKind::kLowRank: {
+      const LowRank lr(lambda, p_, r_);
+      MatrixXd s = lr.b * lr.b.transpose();
+      s.diagonal() += lr.c2inv.cwiseInverse();
+      return s;
+    }
+  }
+  return {};
+}
+
+}  // namespace caviar::bbvi

@@ -1,0 +1,51 @@
+#pragma once
+// The log joint of a Bayesian generalised linear model over a block of rows, and its gradient:
+// the model half of black-box variational inference (Ranganath, Gerrish & Blei 2014). No MPI and
+// no files: the engine sums the blocks over ranks.
+//
+//   p(theta, y | X) = N(theta | 0, s0^2 I) prod_n p(y_n | eta_n),   eta_n = W^T x_n + b
+//
+// with theta = (W, b) holding one column of weights and one intercept per output:
+//   logistic  y in {0, 1}      log p = y eta - log(1 + e^eta)            (Bruno 2022, eq. 2.59)
+//   linear    y real           log p = log N(y | eta, sigma^2), sigma known (conjugate)
+//   poisson   y in {0, 1, ...} log p = y eta - e^eta - log y!
+//   softmax   y in {0..C-1}    log p = eta_y - log sum_c e^eta_c         (multinomial logistic)
+// Every likelihood is evaluated in a form that cannot overflow (softplus, log-sum-exp).
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace caviar::bbvi {
+
+enum class Likelihood { kLogistic, kLinear, kPoisson, kSoftmax };
+
+Likelihood parse_likelihood(const std::string& s);  // logistic | linear | poisson | softmax
+std::string to_string(Likelihood l);
+
+struct Glm {
+  Likelihood likelihood = Likelihood::kLogistic;
+  int features = 0;          // D: columns of X
+  int classes = 2;           // C: softmax only
+  double noise_sd = 1.0;     // sigma: linear only
+  double prior_scale = 1.0;  // s0
+
+  // Outputs per row: C for softmax, 1 otherwise.
+  int outputs() const { return likelihood == Likelihood::kSoftmax ? classes : 1; }
+  // Parameters: (D + 1) per output, laid out output by output as [w_1..w_D, b].
+  std::int64_t n_params() const { return std::int64_t{features + 1} * outputs(); }
+
+  // Sum over the rows of log p(y_n | x_n, theta); adds its gradient in theta to `grad`.
+  // x: n x D row-major; y: n responses. Rows are taken in order, so the result depends only on
+  // the block, never on the thread that computes it.
+  double loglik(std::span<const double> theta, std::span<const double> x, std::span<const double> y,
+                std::span<double> grad) const;
+
+  // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
+  double log_prior(std::span<const double> theta, std::span<double> grad) const;
+
+  // Throws caviar::Error naming the first row whose response the likelihood cannot take
+  // (labels not 0/1, negative or fractional counts, classes out of range, non-finite values).
+  void check_responses(std::span<const double> y, std::int64_t first_row) const;
+};
+
+}  // namespace caviar::bbvi

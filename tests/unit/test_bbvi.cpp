@@ -1,0 +1,306 @@
+// Black-box VI's model half: the GLM log joints against finite differences, the Gaussian
+// families against dense closed forms and finite differences, and the three gradient estimators
+// against the exact ELBO gradient of a Gaussian target.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numbers>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "models/bbvi/estimator.hpp"
+#include "models/bbvi/family.hpp"
+#include "models/bbvi/glm.hpp"
+
+namespace caviar::bbvi {
+namespace {
+
+using Eigen::MatrixXd;
+using Eigen::VectorXd;
+using Vec = std::vector<double>;
+
+Vec normals(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  const CounterRng rng(seed, Stream::kGenerateRows);
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = scale * rng.normal2(i, 0)[0];
+  return v;
+}
+
+// Central differences of f at x.
+Vec numeric_grad(const std::function<double(const Vec&)>& f, Vec x, double h = 1e-6) {
+  Vec g(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double fp = f(x);
+    x[i] = x0 - h;
+    const double fm = f(x);
+    x[i] = x0;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+void expect_close(const Vec& a, const Vec& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << "component " << i;
+}
+
+TEST(BbviGlm, GradientsMatchFiniteDifferences) {
+  const int n = 9, d = 3;
+  const Vec x = normals(n * d, 1);
+  for (Likelihood lik :
+       {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
+    Glm m;
+    m.likelihood = lik;
+    m.features = d;
+    m.classes = 4;
+    m.noise_sd = 0.7;
+    m.prior_scale = 1.3;
+    Vec y(n);
+    for (int i = 0; i < n; ++i)
+      y[i] = lik == Likelihood::kLinear    ? 0.3 * i - 1
+             : lik == Likelihood::kSoftmax ? i % 4
+                                           : i % 2 + (lik == Likelihood::kPoisson ? i / 3 : 0);
+    m.check_responses(y, 0);
+    const Vec theta = normals(static_cast<std::size_t>(m.n_params()), 2, 0.5);
+    Vec g(theta.size(), 0.0);
+    m.loglik(theta, x, y, g);
+    m.log_prior(theta, g);
+    const auto f = [&](const Vec& t) {
+      Vec scratch(t.size(), 0.0);
+      return m.loglik(t, x, y, scratch) + m.log_prior(t, scratch);
+    };
+    SCOPED_TRACE(to_string(lik));
+    expect_close(g, numeric_grad(f, theta), 1e-6);
+  }
+}
+
+TEST(BbviGlm, HandValues) {
+  // One row x = (2), w = 0.5, b = -0.25: eta = 0.75.
+  Glm m;
+  m.features = 1;
+  const Vec x{2.0}, theta{0.5, -0.25};
+  Vec g(2, 0.0);
+  m.likelihood = Likelihood::kLogistic;
+  EXPECT_NEAR(m.loglik(theta, x, Vec{1.0}, g), std::log(1 / (1 + std::exp(-0.75))), 1e-15);
+  m.likelihood = Likelihood::kPoisson;
+  EXPECT_NEAR(m.loglik(theta, x, Vec{3.0}, g), 3 * 0.75 - std::exp(0.75) - std::log(6.0), 1e-14);
+  m.likelihood = Likelihood::kLinear;
+  m.noise_sd = 2;
+  EXPECT_NEAR(m.loglik(theta, x, Vec{1.0}, g),
+              -0.5 * std::log(2 * std::numbers::pi * 4) - 0.0625 / 8, 1e-15);
+  // Logistic with a large |eta| stays finite: log sigma(-800) = -800.
+  m.likelihood = Likelihood::kLogistic;
+  EXPECT_NEAR(m.loglik(Vec{-400, 0}, x, Vec{1.0}, g), -800.0, 1e-12);
+}
+
+TEST(BbviGlm, RefusesResponsesTheLikelihoodCannotTake) {
+  Glm m;
+  m.features = 1;
+  m.likelihood = Likelihood::kLogistic;
+  EXPECT_THROW(m.check_responses(Vec{0, 1, 2}, 0), Error);
+  m.likelihood = Likelihood::kPoisson;
+  EXPECT_THROW(m.check_responses(Vec{0, -1}, 0), Error);
+  EXPECT_THROW(m.check_responses(Vec{0.5}, 0), Error);
+  m.likelihood = Likelihood::kSoftmax;
+  m.classes = 3;
+  EXPECT_THROW(m.check_responses(Vec{3}, 0), Error);
+  m.likelihood = Likelihood::kLinear;
+  EXPECT_THROW(m.check_responses(Vec{NAN}, 0), Error);
+  EXPECT_NO_THROW(m.check_responses(Vec{-3.5, 2.0}, 0));
+}
+
+class BbviFamily : public ::testing::TestWithParam<FamilyKind> {
+ protected:
+  static constexpr int kP = 4;
+  Family q{GetParam(), kP, 2};
+  Vec lambda() const {
+    // A start, then moved away from it so that mu != 0 and the factors are not diagonal.
+    Vec l(static_cast<std::size_t>(q.n_params()));
+    q.init(l, 0.8, 3);
+    const Vec bump = normals(l.size(), 4, 0.3);
+    for (std::size_t i = 0; i < l.size(); ++i) l[i] += bump[i];
+    return l;
+  }
+};
+
+double dense_log_density(const VectorXd& x, const VectorXd& mu, const MatrixXd& cov) {
+  const Eigen::LLT<MatrixXd> llt(cov);
+  const VectorXd z = llt.matrixL().solve(x - mu);
+  double logdet = 0;
+  for (int i = 0; i < cov.rows(); ++i) logdet += 2 * std::log(llt.matrixL()(i, i));
+  return -0.5 * (cov.rows() * std::log(2 * std::numbers::pi) + logdet + z.squaredNorm());
+}
+
+TEST_P(BbviFamily, DensityAndEntropyMatchTheDenseGaussian) {
+  const Vec l = lambda();
+  const MatrixXd cov = q.covariance(l);
+  const Vec eps = normals(static_cast<std::size_t>(q.n_noise()), 5);
+  Vec theta(kP);
+  q.draw(l, eps, theta);
+  EXPECT_NEAR(q.log_q(l, theta),
+              dense_log_density(Eigen::Map<const VectorXd>(theta.data(), kP), q.mean(l), cov),
+              1e-12);
+  const double logdet = Eigen::LLT<MatrixXd>(cov).matrixLLT().diagonal().array().log().sum() * 2;
+  EXPECT_NEAR(q.entropy(l), 0.5 * (kP * (1 + std::log(2 * std::numbers::pi)) + logdet), 1e-12);
+  const VectorXd sd = q.marginal_sd(l);
+  for (int i = 0; i < kP; ++i) EXPECT_NEAR(sd[i] * sd[i], cov(i, i), 1e-13);
+}
+
+TEST_P(BbviFamily, DrawsHaveTheFamilysMoments) {
+  const Vec l = lambda();
+  const int n = 100000;
+  const RowMatrix eps = draw_noise(7, 0, n, q.n_noise());
+  VectorXd sum = VectorXd::Zero(kP);
+  MatrixXd sq = MatrixXd::Zero(kP, kP);
+  Vec theta(kP);
+  for (int s = 0; s < n; ++s) {
+    q.draw(l, {eps.row(s).data(), size_t(eps.cols())}, theta);
+    const VectorXd t = Eigen::Map<const VectorXd>(theta.data(), kP) - q.mean(l);
+    sum += t;
+    sq += t * t.transpose();
+  }
+  const MatrixXd cov = q.covariance(l);
+  for (int i = 0; i < kP; ++i) {
+    // Standard errors: sd / sqrt(n) for the mean, about sqrt(2) var / sqrt(n) for the variance.
+    EXPECT_NEAR(sum[i] / n, 0.0, 5 * std::sqrt(cov(i, i) / n));
+    for (int j = 0; j < kP; ++j)
+      EXPECT_NEAR(sq(i, j) / n, cov(i, j), 5 * std::sqrt(2.0 * cov(i, i) * cov(j, j) / n));
+  }
+}
+
+TEST_P(BbviFamily, GradientsMatchFiniteDifferences) {
+  const Vec l = lambda();
+  const Vec eps = normals(static_cast<std::size_t>(q.n_noise()), 6);
+  Vec theta(kP);
+  q.draw(l, eps, theta);
+  {
+    SCOPED_TRACE("score");
+    Vec g(l.size(), 0.0);
+    q.add_score(l, theta, g);
+    expect_close(g, numeric_grad([&](const Vec& v) { return q.log_q(v, theta); }, l), 1e-6);
+  }
+  {
+    SCOPED_TRACE("entropy");
+    Vec g(l.size(), 0.0);
+    q.add_entropy_grad(l, g);
+    expect_close(g, numeric_grad([&](const Vec& v) { return q.entropy(v); }, l), 1e-6);
+  }
+  {
+    // phi(theta) = a . theta + |theta|^2 / 2, so grad phi = a + theta.
+    SCOPED_TRACE("reparameterisation");
+    const Vec a = normals(kP, 8);
+    const auto phi = [&](const Vec& v) {
+      Vec t(kP);
+      q.draw(v, eps, t);
+      double s = 0;
+      for (int i = 0; i < kP; ++i) s += a[i] * t[i] + 0.5 * t[i] * t[i];
+      return s;
+    };
+    Vec gt(kP);
+    for (int i = 0; i < kP; ++i) gt[i] = a[i] + theta[i];
+    Vec g(l.size(), 0.0);
+    q.add_reparam_grad(l, eps, gt, g);
+    expect_close(g, numeric_grad(phi, l), 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BbviFamily,
+                         ::testing::Values(FamilyKind::kMeanField, FamilyKind::kFullRank,
+                                           FamilyKind::kLowRank),
+                         [](const ::testing::TestParamInfo<FamilyKind>& p) {
+                           return to_string(p.param);
+                         });
+
+// Target log p(theta) = c - (theta - m)^T A (theta - m) / 2: E_q log p = c - ((mu - m)^T A
+// (mu - m) + tr(A Sigma)) / 2 in closed form, so the exact ELBO gradient is a finite difference
+// away. The constant c does not change the gradient, but it does change the score estimator's
+// variance, as a log joint summed over many rows does; c = -100 is such a log joint.
+struct Quadratic {
+  VectorXd m;
+  MatrixXd a;
+  double c = -100;
+  double f(const Vec& t, Vec* g) const {
+    const VectorXd d = Eigen::Map<const VectorXd>(t.data(), m.size()) - m;
+    const VectorXd ad = a * d;
+    if (g)
+      for (Eigen::Index i = 0; i < m.size(); ++i) (*g)[i] = -ad[i];
+    return c - 0.5 * d.dot(ad);
+  }
+  double elbo(const Family& q, const Vec& l) const {
+    const VectorXd d = q.mean(l) - m;
+    return c - 0.5 * (d.dot(a * d) + (a * q.covariance(l)).trace()) + q.entropy(l);
+  }
+};
+
+struct Moments {
+  VectorXd mean, var;
+};
+
+Moments estimator_moments(Estimator e, const Family& q, const Vec& l, const Quadratic& t,
+                          int samples, int steps) {
+  const auto n = static_cast<Eigen::Index>(l.size());
+  VectorXd s1 = VectorXd::Zero(n), s2 = VectorXd::Zero(n);
+  Vec g(l.size());
+  for (int step = 0; step < steps; ++step) {
+    Draws d;
+    d.eps = draw_noise(11, step, samples, q.n_noise());
+    d.theta.resize(samples, q.dim());
+    d.grad_theta.resize(samples, q.dim());
+    d.f.resize(samples);
+    for (int s = 0; s < samples; ++s) {
+      Vec th(q.dim()), gt(q.dim());
+      q.draw(l, {d.eps.row(s).data(), size_t(d.eps.cols())}, th);
+      d.f[s] = t.f(th, &gt);
+      for (int i = 0; i < q.dim(); ++i) {
+        d.theta(s, i) = th[i];
+        d.grad_theta(s, i) = gt[i];
+      }
+    }
+    elbo_gradient(e, q, l, d, g);
+    const VectorXd gv = Eigen::Map<const VectorXd>(g.data(), n);
+    s1 += gv;
+    s2 += gv.cwiseProduct(gv);
+  }
+  Moments mo;
+  mo.mean = s1 / steps;
+  mo.var = s2 / steps - mo.mean.cwiseProduct(mo.mean);
+  return mo;
+}
+
+TEST_P(BbviFamily, EstimatorsAreUnbiasedAndOrderedByVariance) {
+  const Vec l = lambda();
+  Quadratic t;
+  t.m = VectorXd::LinSpaced(kP, -1, 1);
+  const MatrixXd r = Eigen::Map<const MatrixXd>(normals(kP * kP, 9).data(), kP, kP);
+  t.a = r * r.transpose() / kP + MatrixXd::Identity(kP, kP);
+  const Vec exact = numeric_grad([&](const Vec& v) { return t.elbo(q, v); }, l);
+  const int samples = 8, steps = 20000;
+  double total[3];
+  int k = 0;
+  for (Estimator e : {Estimator::kScore, Estimator::kScoreCv, Estimator::kReparam}) {
+    SCOPED_TRACE(to_string(e));
+    const Moments mo = estimator_moments(e, q, l, t, samples, steps);
+    for (std::size_t m = 0; m < l.size(); ++m) {
+      // Within 5 standard errors of the mean (every estimator is unbiased); 1e-7 absorbs the
+      // finite difference.
+      const double se = std::sqrt(mo.var[m] / steps);
+      EXPECT_NEAR(mo.mean[m], exact[m], 5 * se + 1e-7) << "component " << m;
+    }
+    total[k++] = mo.var.sum();
+  }
+  // Ranganath et al. (2014), section 3: control variates lower the score estimator's variance;
+  // the reparameterisation gradient has lower variance still.
+  std::printf("summed gradient variance (%s, S = %d): score %.4g, score-cv %.4g, reparam %.4g\n",
+              to_string(GetParam()).c_str(), samples, total[0], total[1], total[2]);
+  EXPECT_GT(total[0], total[1]);
+  EXPECT_GT(total[1], total[2]);
+}
+
+}  // namespace
+}  // namespace caviar::bbvi
