@@ -1,9 +1,10 @@
-// caviar generate gmm | demo
+// caviar generate gmm | glm | demo
 #include <memory>
 
 #include "app.hpp"
 #include "io/h5.hpp"
 #include "prep/generate.hpp"
+#include "prep/generate_glm.hpp"
 
 namespace caviar::app {
 
@@ -38,6 +39,35 @@ void add_generate_commands(CLI::App& cli, Context& ctx) {
       j["n"] = a->n;
       j["dim"] = a->dim;
       j["components"] = a->components;
+      print_summary(ctx, j);
+    };
+  });
+
+  auto glm = std::make_shared<GlmSpec>();
+  auto glm_out = std::make_shared<std::string>();
+  auto glm_family = std::make_shared<std::string>("logistic");
+  auto* gl = gen->add_subcommand(
+      "glm", "Sample regression data from a known parameter vector: /X, /y and /true/theta");
+  gl->add_option("--family", *glm_family, "logistic | linear | poisson | softmax")
+      ->capture_default_str();
+  gl->add_option("--n", glm->n, "Rows")->required();
+  gl->add_option("--dim", glm->model.features, "Features")->required();
+  gl->add_option("--classes", glm->model.classes, "Classes (softmax)")->capture_default_str();
+  gl->add_option("--noise-sd", glm->model.noise_sd, "Noise standard deviation (linear)")
+      ->capture_default_str();
+  gl->add_option("--seed", glm->seed, "Random seed")->capture_default_str();
+  gl->add_option("--out", *glm_out, "Output FILE.h5")->required();
+  gl->callback([&ctx, glm, glm_out, glm_family] {
+    ctx.action = [&ctx, glm, glm_out, glm_family] {
+      glm->model.likelihood = bbvi::parse_likelihood(*glm_family, "--family");
+      write_glm(*ctx.comm, *glm_out, *glm);
+      print_progress(ctx, "wrote " + *glm_out + ":/X, /y and /true/theta");
+      nlohmann::ordered_json j;
+      j["out"] = *glm_out;
+      j["family"] = *glm_family;
+      j["n"] = glm->n;
+      j["dim"] = glm->model.features;
+      j["params"] = glm->model.n_params();
       print_summary(ctx, j);
     };
   });

@@ -27,12 +27,12 @@ void add_scaled_row(double a, const double* x, int d, double* g) {
 
 }  // namespace
 
-Likelihood parse_likelihood(const std::string& s) {
+Likelihood parse_likelihood(const std::string& s, const std::string& option) {
   if (s == "logistic") return Likelihood::kLogistic;
   if (s == "linear") return Likelihood::kLinear;
   if (s == "poisson") return Likelihood::kPoisson;
   if (s == "softmax") return Likelihood::kSoftmax;
-  throw Error("--model must be logistic, linear, poisson or softmax, not '" + s + "'");
+  throw Error(option + " must be logistic, linear, poisson or softmax, not '" + s + "'");
 }
 
 std::string to_string(Likelihood l) {

@@ -19,7 +19,8 @@ namespace caviar::bbvi {
 
 enum class Likelihood { kLogistic, kLinear, kPoisson, kSoftmax };
 
-Likelihood parse_likelihood(const std::string& s);  // logistic | linear | poisson | softmax
+// logistic | linear | poisson | softmax; `option` names the flag in the error message.
+Likelihood parse_likelihood(const std::string& s, const std::string& option = "--model");
 std::string to_string(Likelihood l);
 
 struct Glm {
