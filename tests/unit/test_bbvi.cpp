@@ -80,6 +80,49 @@ TEST(BbviGlm, GradientsMatchFiniteDifferences) {
   }
 }
 
+Glm test_glm(Likelihood lik, int d) {
+  Glm m;
+  m.likelihood = lik;
+  m.features = d;
+  m.classes = 3;
+  m.noise_sd = 0.7;
+  return m;
+}
+
+Vec test_responses(Likelihood lik, int n) {
+  Vec y(n);
+  for (int i = 0; i < n; ++i)
+    y[i] = lik == Likelihood::kLinear ? 0.1 * i - 2 : lik == Likelihood::kSoftmax ? i % 3 : i % 2;
+  return y;
+}
+
+TEST(BbviGlm, DrawsAtOnceEqualOneByOneAndIgnoreAlignment) {
+  const int n = 37, d = 5, samples = 3;
+  const Vec x = normals(n * d, 12);
+  for (Likelihood lik :
+       {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
+    SCOPED_TRACE(to_string(lik));
+    const Glm m = test_glm(lik, d);
+    const Vec y = test_responses(lik, n);
+    const auto p = static_cast<std::size_t>(m.n_params());
+    const Vec theta = normals(samples * p, 13, 0.4);
+    Vec f(samples, 0.0), g(samples * p, 0.0);
+    m.loglik_draws(theta, samples, x, y, f, g);
+    for (int s = 0; s < samples; ++s) {
+      Vec gs(p, 0.0);
+      const double fs = m.loglik({theta.data() + s * p, p}, x, y, gs);
+      EXPECT_NEAR(f[s], fs, 1e-12 * std::abs(fs));
+      for (std::size_t j = 0; j < p; ++j) EXPECT_NEAR(g[s * p + j], gs[j], 1e-11);
+    }
+    // The same block one double further into memory: the same bits.
+    Vec x2(x.size() + 1), f2(samples, 0.0), g2(g.size(), 0.0);
+    std::copy(x.begin(), x.end(), x2.begin() + 1);
+    m.loglik_draws(theta, samples, {x2.data() + 1, x.size()}, y, f2, g2);
+    EXPECT_EQ(f, f2);
+    EXPECT_EQ(g, g2);
+  }
+}
+
 TEST(BbviGlm, HandValues) {
   // One row x = (2), w = 0.5, b = -0.25: eta = 0.75.
   Glm m;

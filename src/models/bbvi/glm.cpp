@@ -1,5 +1,6 @@
 #include "models/bbvi/glm.hpp"
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -110,6 +111,69 @@ double Glm::loglik(std::span<const double> theta, std::span<const double> x,
     g[d] += r;
   }
   return sum;
+}
+
+void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
+                       std::span<const double> y, std::span<double> f,
+                       std::span<double> grad) const {
+  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Stride = Eigen::OuterStride<>;
+  const int d = features, c = outputs();
+  const auto n = static_cast<Eigen::Index>(y.size());
+  const auto p = n_params();
+  const Eigen::Map<const RowMajor> xm(x.data(), n, d);
+  // eta(i, s * C + k) = w_{s,k} . x_i + b_{s,k}: one product for every draw and output.
+  const Eigen::Map<const RowMajor, 0, Stride> w(theta.data(), samples * c, d, Stride(d + 1));
+  RowMajor eta = xm * w.transpose();
+  RowMajor r(n, samples * c);  // d log p / d eta
+  const double inv_var = 1.0 / (noise_sd * noise_sd);
+  const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
+  for (int s = 0; s < samples; ++s) {
+    double sum = 0;
+    for (int k = 0; k < c; ++k) {
+      const double b = theta[static_cast<std::size_t>(s * p + k * (d + 1) + d)];
+      for (Eigen::Index i = 0; i < n; ++i) eta(i, s * c + k) += b;
+    }
+    for (Eigen::Index i = 0; i < n; ++i) {
+      double* e = &eta(i, s * c);
+      double* ri = &r(i, s * c);
+      switch (likelihood) {
+        case Likelihood::kLogistic:
+          sum += y[i] > 0.5 ? -softplus(-e[0]) : -softplus(e[0]);
+          ri[0] = y[i] - 1.0 / (1.0 + std::exp(-e[0]));
+          break;
+        case Likelihood::kLinear:
+          sum += lin_const - 0.5 * (y[i] - e[0]) * (y[i] - e[0]) * inv_var;
+          ri[0] = (y[i] - e[0]) * inv_var;
+          break;
+        case Likelihood::kPoisson: {
+          const double mu = std::exp(e[0]);
+          sum += y[i] * e[0] - mu - std::lgamma(y[i] + 1);
+          ri[0] = y[i] - mu;
+          break;
+        }
+        case Likelihood::kSoftmax: {
+          double m = -INFINITY, z = 0;
+          for (int k = 0; k < c; ++k) m = std::max(m, e[k]);
+          for (int k = 0; k < c; ++k) z += std::exp(e[k] - m);
+          const double lse = m + std::log(z);
+          const int yi = static_cast<int>(y[i]);
+          sum += e[yi] - lse;
+          for (int k = 0; k < c; ++k) ri[k] = (k == yi ? 1.0 : 0.0) - std::exp(e[k] - lse);
+          break;
+        }
+      }
+    }
+    f[static_cast<std::size_t>(s)] += sum;
+  }
+  // Weights: grad_w(s * C + k, :) += r(:, s * C + k)^T X; intercepts: column sums in row order.
+  Eigen::Map<RowMajor, 0, Stride> gw(grad.data(), samples * c, d, Stride(d + 1));
+  gw.noalias() += r.transpose() * xm;
+  for (int j = 0; j < samples * c; ++j) {
+    double sb = 0;
+    for (Eigen::Index i = 0; i < n; ++i) sb += r(i, j);
+    grad[static_cast<std::size_t>(j) * (d + 1) + d] += sb;
+  }
 }
 
 double Glm::log_prior(std::span<const double> theta, std::span<double> grad) const {

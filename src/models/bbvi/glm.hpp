@@ -41,6 +41,13 @@ struct Glm {
   double loglik(std::span<const double> theta, std::span<const double> x, std::span<const double> y,
                 std::span<double> grad) const;
 
+  // The same for S parameter vectors at once (one step's draws), as matrix products: f[s] +=
+  // sum_n log p(y_n | x_n, theta_s) and row s of `grad` += its gradient. theta: S x P and grad:
+  // S x P, row-major; x: n x D row-major. The result depends only on the block and S, not on
+  // where the block sits in memory (the products pack their operands; sums run in index order).
+  void loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
+                    std::span<const double> y, std::span<double> f, std::span<double> grad) const;
+
   // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
   double log_prior(std::span<const double> theta, std::span<double> grad) const;
 
