@@ -47,4 +47,10 @@ class CounterRng {
   Stream stream_;
 };
 
+// Gamma(shape, 1) draw from the counter RNG of `stream` at `index` (Marsaglia & Tsang 2000; a
+// shape below one is boosted by U^(1/shape)). Retries use successive steps, so the draw is a pure
+// function of (seed, stream, index). Used by LDA (initial topics, generated corpora) and by the
+// samplers of the Gaussian mixture (Dirichlet and Wishart draws).
+double sample_gamma(std::uint64_t seed, std::uint32_t stream, std::uint64_t index, double shape);
+
 }  // namespace caviar

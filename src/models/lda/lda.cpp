@@ -42,28 +42,6 @@ Model::Model(int n_topics, std::int64_t n_words, double alpha, double eta)
   refresh();
 }
 
-double sample_gamma(std::uint64_t seed, std::uint32_t stream, std::uint64_t index, double shape) {
-  const CounterRng rng(seed, static_cast<Stream>(stream));
-  double boost = 1.0;
-  if (shape < 1.0) {
-    // Gamma(a) = Gamma(a + 1) U^(1/a); step 0 is reserved for this uniform.
-    boost = std::pow(rng.uniform2(index, 0)[0], 1.0 / shape);
-    shape += 1.0;
-  }
-  const double d = shape - 1.0 / 3.0, c = 1.0 / std::sqrt(9.0 * d);
-  for (std::uint32_t attempt = 1;; ++attempt) {
-    const double x = rng.normal2(index, 2 * attempt)[0];
-    const double u = rng.uniform2(index, 2 * attempt + 1)[0];
-    const double t = 1.0 + c * x;
-    if (t <= 0) continue;
-    const double v = t * t * t;
-    // Marsaglia & Tsang's squeeze accepts almost every draw without the two logarithms; it
-    // implies the exact test, so the draws are those of the exact test alone.
-    if (u < 1.0 - 0.0331 * (x * x) * (x * x)) return boost * d * v;
-    if (std::log(u) < 0.5 * x * x + d - d * v + d * std::log(v)) return boost * d * v;
-  }
-}
-
 void Model::init_random(std::uint64_t seed) {
   for (int k = 0; k < k_; ++k)
     for (std::int64_t w = 0; w < v_; ++w)

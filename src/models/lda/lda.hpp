@@ -166,9 +166,4 @@ class Model {
   mutable std::vector<Workspace> work_;  // local_step's scratch: one local_step at a time
 };
 
-// Gamma(shape, 1) draw from the counter RNG of `stream` at `index` (Marsaglia & Tsang 2000; a
-// shape below one is boosted by U^(1/shape)). Retries use successive steps, so the draw is a pure
-// function of (seed, stream, index).
-double sample_gamma(std::uint64_t seed, std::uint32_t stream, std::uint64_t index, double shape);
-
 }  // namespace caviar::lda
