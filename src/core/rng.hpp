@@ -28,6 +28,8 @@ enum class Stream : std::uint32_t {
   kInitFromData = 17,  // the K rows of gmm fit --init random-from-data
   kBbviInit = 18,      // the starting low-rank factor of black-box VI
   kBbviNoise = 19,     // black-box VI draws, keyed by (step, draw)
+  kGibbsGamma = 20,    // Gibbs samplers of the mixture: Gamma draws (Dirichlet, Wishart)
+  kGibbsNormal = 21,   // Gibbs samplers of the mixture: normal draws (Wishart, means)
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -1,0 +1,88 @@
+#include "models/gmm_gibbs/draws.hpp"
+
+#include <cmath>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+
+namespace caviar::gmm_gibbs {
+namespace {
+
+constexpr auto kGamma = static_cast<std::uint32_t>(Stream::kGibbsGamma);
+
+// Index of the i-th Gamma draw of draw `key` (i < 2^16: D and K are far below).
+std::uint64_t gamma_index(std::uint64_t key, int i) {
+  return (key << 16) | static_cast<std::uint64_t>(i);
+}
+
+// The key of component k's draw at `sweep` (k = K: the weights).
+std::uint64_t component_key(std::uint64_t sweep, int k, int n_components) {
+  return sweep * static_cast<std::uint64_t>(n_components + 1) + static_cast<std::uint64_t>(k);
+}
+
+}  // namespace
+
+Eigen::VectorXd draw_dirichlet(const Eigen::VectorXd& alpha, std::uint64_t seed,
+                               std::uint64_t sweep) {
+  const int k = static_cast<int>(alpha.size());
+  const std::uint64_t key = component_key(sweep, k, k);
+  Eigen::VectorXd g(k);
+  for (int j = 0; j < k; ++j) g[j] = sample_gamma(seed, kGamma, gamma_index(key, j), alpha[j]);
+  double s = 0;
+  for (int j = 0; j < k; ++j) s += g[j];
+  return g / s;
+}
+
+Eigen::MatrixXd draw_bartlett(double nu, int d, std::uint64_t seed, std::uint64_t key) {
+  if (!(nu > d - 1)) throw Error("Wishart degrees of freedom must exceed D - 1");
+  const CounterRng normal(seed, Stream::kGibbsNormal);
+  Eigen::MatrixXd a = Eigen::MatrixXd::Zero(d, d);
+  for (int i = 0; i < d; ++i) {
+    // chi^2(nu - i) = 2 Gamma((nu - i) / 2).
+    a(i, i) = std::sqrt(2 * sample_gamma(seed, kGamma, gamma_index(key, i), 0.5 * (nu - i)));
+    for (int j = 0; j < i; ++j)
+      a(i, j) = normal.normal2(key, static_cast<std::uint32_t>(i * d + j))[0];
+  }
+  return a;
+}
+
+Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_t seed,
+                   std::uint64_t sweep) {
+  const int k_n = static_cast<int>(post.m.rows()), d = static_cast<int>(post.m.cols());
+  if (post.alpha.size() != k_n) throw Error("the blocked sampler needs Dirichlet weights");
+  Params p;
+  p.weights = draw_dirichlet(post.alpha, seed, sweep);
+  p.means.resize(k_n, d);
+  const CounterRng normal(seed, Stream::kGibbsNormal);
+  for (int k = 0; k < k_n; ++k) {
+    const std::uint64_t key = component_key(sweep, k, k_n);
+    // The mean's noise: steps after the d x d used by the Wishart's off-diagonal normals.
+    Eigen::VectorXd z(d);
+    for (int j = 0; j < d; ++j)
+      z[j] = normal.normal2(key, static_cast<std::uint32_t>(d * d + j))[0];
+    const double scale = 1 / std::sqrt(post.beta[k]);
+    if (cov == gmm::Covariance::kDiag) {
+      // Each dimension: lambda ~ Gamma(nu / 2, rate W^-1 / 2), mu | lambda ~ N(m, 1 / (beta
+      // lambda)).
+      Eigen::MatrixXd lam(d, 1);
+      for (int j = 0; j < d; ++j) {
+        lam(j, 0) = 2 * sample_gamma(seed, kGamma, gamma_index(key, j), 0.5 * post.nu[k]) /
+                    post.W_inv[k](j, 0);
+        p.means(k, j) = post.m(k, j) + scale * z[j] / std::sqrt(lam(j, 0));
+      }
+      p.precision.push_back(std::move(lam));
+      continue;
+    }
+    const Eigen::LLT<Eigen::MatrixXd> llt(post.W_inv[k]);
+    const Eigen::MatrixXd r = llt.matrixL();
+    const Eigen::MatrixXd a = draw_bartlett(post.nu[k], d, seed, key);
+    // C = R^-T A (solve R^T C = A); mu = m + R (A^-T z) / sqrt(beta).
+    const Eigen::MatrixXd c = r.triangularView<Eigen::Lower>().transpose().solve(a);
+    const Eigen::VectorXd y = a.triangularView<Eigen::Lower>().transpose().solve(z);
+    p.means.row(k) = post.m.row(k) + scale * (r * y).transpose();
+    p.precision.push_back(c * c.transpose());
+  }
+  return p;
+}
+
+}  // namespace caviar::gmm_gibbs

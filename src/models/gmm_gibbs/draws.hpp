@@ -1,0 +1,44 @@
+#pragma once
+// The conditional draws of the blocked (uncollapsed) Gibbs sampler of the Bayesian Gaussian
+// mixture (Bishop 2006, section 10.2 model; Bruno 2022, eqs. 2.20-2.31): given the labels, the
+// weights and the components' (mu_k, Lambda_k) are independent, with the conjugate posteriors
+//
+//   pi | z                ~ Dirichlet(alpha_k)                     alpha_k = alpha0 + N_k
+//   Lambda_k | z, X       ~ Wishart(nu_k, W_k)                     (Bishop 2006, eqs. 10.58-10.63,
+//   mu_k | Lambda_k, z, X ~ N(m_k, (beta_k Lambda_k)^-1)            with hard counts)
+//
+// whose parameters are those of the variational update with one-hot responsibilities
+// (gmm::Posterior). Every draw is a pure function of (seed, sweep, component), never of the rank
+// or thread that computes it. No MPI, no files.
+#include <Eigen/Dense>
+#include <cstdint>
+#include <vector>
+
+#include "models/gmm/gmm.hpp"
+
+namespace caviar::gmm_gibbs {
+
+// One draw of the mixture's parameters.
+struct Params {
+  Eigen::VectorXd weights;                 // K
+  gmm::RowMatrix means;                    // K x D
+  std::vector<Eigen::MatrixXd> precision;  // K of D x D (diagonal covariance: D x 1)
+};
+
+// Gamma(alpha_k) draws normalised: pi ~ Dirichlet(alpha).
+Eigen::VectorXd draw_dirichlet(const Eigen::VectorXd& alpha, std::uint64_t seed,
+                               std::uint64_t sweep);
+
+// Bartlett's decomposition of a Wishart draw (Smith & Hocking 1972): A lower triangular
+// (D x D) with A_ii^2 ~ chi^2(nu - i) and A_ij ~ N(0, 1) below the diagonal. If R is the
+// Cholesky factor of W^-1 = R R^T, then Lambda = C C^T with C = R^-T A is a Wishart(nu, W) draw,
+// and (beta Lambda)^-1 has the square root C^-T / sqrt(beta) = R A^-T / sqrt(beta): neither
+// needs an inverse. `key` indexes the draw.
+Eigen::MatrixXd draw_bartlett(double nu, int dim, std::uint64_t seed, std::uint64_t key);
+
+// (pi, mu_k, Lambda_k) from the posterior `post` (full or diagonal covariance, Dirichlet
+// weights), the draw of `sweep`.
+Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_t seed,
+                   std::uint64_t sweep);
+
+}  // namespace caviar::gmm_gibbs

@@ -1,0 +1,123 @@
+// The blocked Gibbs sampler's conditional draws against the moments of the Dirichlet, Wishart and
+// Normal-Wishart distributions (Bishop 2006, appendix B), and their independence of call order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "models/gmm_gibbs/draws.hpp"
+
+namespace caviar::gmm_gibbs {
+namespace {
+
+using Eigen::MatrixXd;
+using Eigen::VectorXd;
+
+gmm::Posterior test_posterior(gmm::Covariance cov) {
+  gmm::Posterior p;
+  p.alpha = VectorXd::Zero(2);
+  p.alpha << 3.0, 0.7;
+  p.beta = VectorXd::Zero(2);
+  p.beta << 2.0, 0.5;
+  p.nu = VectorXd::Zero(2);
+  p.nu << 7.5, 9.0;
+  p.m.resize(2, 3);
+  p.m << 1.0, -2.0, 0.5, 0.0, 3.0, -1.0;
+  MatrixXd w0(3, 3);
+  w0 << 2.0, 0.6, -0.3, 0.6, 1.0, 0.2, -0.3, 0.2, 0.5;
+  if (cov == gmm::Covariance::kFull) {
+    p.W_inv = {w0, 0.5 * w0 + MatrixXd::Identity(3, 3)};
+  } else {
+    p.W_inv = {w0.diagonal(), VectorXd::Constant(3, 0.8)};
+  }
+  return p;
+}
+
+constexpr int kDraws = 40000;
+
+TEST(GmmGibbsDraws, DirichletMoments) {
+  const gmm::Posterior p = test_posterior(gmm::Covariance::kFull);
+  const double a0 = p.alpha.sum();
+  VectorXd s1 = VectorXd::Zero(2), s2 = VectorXd::Zero(2);
+  for (int t = 0; t < kDraws; ++t) {
+    const VectorXd w = draw_dirichlet(p.alpha, 1, t);
+    EXPECT_NEAR(w.sum(), 1.0, 1e-14);
+    s1 += w;
+    s2 += w.cwiseProduct(w);
+  }
+  for (int k = 0; k < 2; ++k) {
+    const double mean = p.alpha[k] / a0;
+    const double var = p.alpha[k] * (a0 - p.alpha[k]) / (a0 * a0 * (a0 + 1));
+    EXPECT_NEAR(s1[k] / kDraws, mean, 5 * std::sqrt(var / kDraws));
+    EXPECT_NEAR(s2[k] / kDraws - mean * mean, var, 0.05 * var);
+  }
+}
+
+TEST(GmmGibbsDraws, NormalWishartMomentsFull) {
+  const gmm::Posterior p = test_posterior(gmm::Covariance::kFull);
+  for (int k = 0; k < 2; ++k) {
+    const MatrixXd w = p.W_inv[k].inverse();  // test only: the closed-form moments need W
+    MatrixXd lam_sum = MatrixXd::Zero(3, 3), lam_sq = MatrixXd::Zero(3, 3);
+    VectorXd mu_sum = VectorXd::Zero(3);
+    MatrixXd mu_sq = MatrixXd::Zero(3, 3);
+    for (int t = 0; t < kDraws; ++t) {
+      const Params d = draw_params(p, gmm::Covariance::kFull, 2, t);
+      lam_sum += d.precision[k];
+      lam_sq += d.precision[k].cwiseProduct(d.precision[k]);
+      const VectorXd e = d.means.row(k).transpose() - p.m.row(k).transpose();
+      mu_sum += e;
+      mu_sq += e * e.transpose();
+    }
+    const double nu = p.nu[k], beta = p.beta[k];
+    const MatrixXd mu_cov = p.W_inv[k] / (beta * (nu - 3 - 1));  // Student-t marginal of mu
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(mu_sum[i] / kDraws, 0.0, 5 * std::sqrt(mu_cov(i, i) / kDraws));
+      for (int j = 0; j < 3; ++j) {
+        // E Lambda = nu W; Var Lambda_ij = nu (W_ij^2 + W_ii W_jj).
+        const double var = nu * (w(i, j) * w(i, j) + w(i, i) * w(j, j));
+        EXPECT_NEAR(lam_sum(i, j) / kDraws, nu * w(i, j), 5 * std::sqrt(var / kDraws));
+        const double mean = nu * w(i, j);
+        EXPECT_NEAR(lam_sq(i, j) / kDraws - mean * mean, var, 0.1 * var);
+        EXPECT_NEAR(mu_sq(i, j) / kDraws, mu_cov(i, j),
+                    0.1 * std::sqrt(mu_cov(i, i) * mu_cov(j, j)));
+      }
+    }
+  }
+}
+
+TEST(GmmGibbsDraws, NormalGammaMomentsDiag) {
+  const gmm::Posterior p = test_posterior(gmm::Covariance::kDiag);
+  for (int k = 0; k < 2; ++k) {
+    VectorXd lam = VectorXd::Zero(3), mu = VectorXd::Zero(3), mu2 = VectorXd::Zero(3);
+    for (int t = 0; t < kDraws; ++t) {
+      const Params d = draw_params(p, gmm::Covariance::kDiag, 3, t);
+      ASSERT_EQ(d.precision[k].cols(), 1);
+      lam += d.precision[k].col(0);
+      const VectorXd e = d.means.row(k).transpose() - p.m.row(k).transpose();
+      mu += e;
+      mu2 += e.cwiseProduct(e);
+    }
+    for (int j = 0; j < 3; ++j) {
+      const double nu = p.nu[k], winv = p.W_inv[k](j, 0), beta = p.beta[k];
+      // lambda ~ Gamma(nu / 2, rate winv / 2): mean nu / winv, variance 2 nu / winv^2.
+      EXPECT_NEAR(lam[j] / kDraws, nu / winv, 5 * std::sqrt(2 * nu / (winv * winv) / kDraws));
+      const double mu_var = winv / (beta * (nu - 2));
+      EXPECT_NEAR(mu[j] / kDraws, 0.0, 5 * std::sqrt(mu_var / kDraws));
+      EXPECT_NEAR(mu2[j] / kDraws, mu_var, 0.1 * mu_var);
+    }
+  }
+}
+
+TEST(GmmGibbsDraws, ADrawIsAFunctionOfSeedAndSweepOnly) {
+  const gmm::Posterior p = test_posterior(gmm::Covariance::kFull);
+  const Params a = draw_params(p, gmm::Covariance::kFull, 4, 17);
+  draw_params(p, gmm::Covariance::kFull, 4, 16);
+  const Params b = draw_params(p, gmm::Covariance::kFull, 4, 17);
+  EXPECT_EQ(a.weights, b.weights);
+  EXPECT_EQ(a.means, b.means);
+  EXPECT_EQ(a.precision[1], b.precision[1]);
+  const Params c = draw_params(p, gmm::Covariance::kFull, 4, 18);
+  EXPECT_NE(a.means, c.means);
+}
+
+}  // namespace
+}  // namespace caviar::gmm_gibbs
