@@ -30,6 +30,7 @@ enum class Stream : std::uint32_t {
   kBbviNoise = 19,     // black-box VI draws, keyed by (step, draw)
   kGibbsGamma = 20,    // Gibbs samplers of the mixture: Gamma draws (Dirichlet, Wishart)
   kGibbsNormal = 21,   // Gibbs samplers of the mixture: normal draws (Wishart, means)
+  kGibbsLabels = 22,   // Gibbs samplers of the mixture: label draws, keyed by (row, sweep)
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

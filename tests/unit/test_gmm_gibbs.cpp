@@ -119,5 +119,74 @@ TEST(GmmGibbsDraws, ADrawIsAFunctionOfSeedAndSweepOnly) {
   EXPECT_NE(a.means, c.means);
 }
 
+Params label_params(gmm::Covariance cov) {
+  Params p;
+  p.weights = VectorXd::Zero(3);
+  p.weights << 0.5, 0.3, 0.2;
+  p.means.resize(3, 2);
+  p.means << 0.0, 0.0, 1.0, 0.5, -0.5, 1.0;
+  MatrixXd a(2, 2), b(2, 2), c(2, 2);
+  a << 2.0, 0.5, 0.5, 1.0;
+  b << 1.0, -0.3, -0.3, 3.0;
+  c << 0.5, 0.0, 0.0, 0.5;
+  p.precision = {a, b, c};
+  if (cov == gmm::Covariance::kDiag)
+    for (auto& m : p.precision) m = VectorXd(m.diagonal());
+  return p;
+}
+
+// log pi_k N(x | mu_k, Lambda_k^-1) from the precision matrix directly (determinant and
+// quadratic form), not through a Cholesky factor.
+double direct_log_term(const Params& p, gmm::Covariance cov, const VectorXd& x, int k) {
+  const MatrixXd lam =
+      cov == gmm::Covariance::kDiag ? MatrixXd(p.precision[k].col(0).asDiagonal()) : p.precision[k];
+  const VectorXd e = x - p.means.row(k).transpose();
+  return std::log(p.weights[k]) + 0.5 * std::log(lam.determinant()) - std::log(2 * M_PI) -
+         0.5 * e.dot(lam * e);
+}
+
+TEST(GmmGibbsLabels, FrequenciesFollowTheFullConditional) {
+  for (gmm::Covariance cov : {gmm::Covariance::kFull, gmm::Covariance::kDiag}) {
+    const Params p = label_params(cov);
+    gmm::RowMatrix x(2, 2);
+    x << 0.4, 0.4, -0.2, 0.9;
+    const int sweeps = 30000;
+    MatrixXd counts = MatrixXd::Zero(2, 3);
+    std::vector<std::int64_t> z(2);
+    std::vector<double> t(2);
+    for (int s = 0; s < sweeps; ++s) {
+      draw_labels(p, cov, x, 100, 5, s, z, t);
+      for (int i = 0; i < 2; ++i) {
+        counts(i, z[i]) += 1;
+        EXPECT_NEAR(t[i], direct_log_term(p, cov, x.row(i).transpose(), int(z[i])), 1e-12);
+      }
+    }
+    for (int i = 0; i < 2; ++i) {
+      VectorXd prob(3);
+      for (int k = 0; k < 3; ++k)
+        prob[k] = std::exp(direct_log_term(p, cov, x.row(i).transpose(), k));
+      prob /= prob.sum();
+      double chi2 = 0;
+      for (int k = 0; k < 3; ++k)
+        chi2 += std::pow(counts(i, k) - sweeps * prob[k], 2) / (sweeps * prob[k]);
+      EXPECT_LT(chi2, 13.8) << "row " << i << " (chi-square, 2 dof, p = 0.001)";
+    }
+  }
+}
+
+TEST(GmmGibbsLabels, LabelsDoNotDependOnHowRowsAreSplit) {
+  const Params p = label_params(gmm::Covariance::kFull);
+  gmm::RowMatrix x(10, 2);
+  for (int i = 0; i < 10; ++i) x.row(i) << 0.1 * i - 0.5, 0.05 * i;
+  std::vector<std::int64_t> whole(10), parts(10);
+  std::vector<double> tw(10), tp(10);
+  draw_labels(p, gmm::Covariance::kFull, x, 40, 9, 3, whole, tw);
+  const gmm::RowMatrix a = x.topRows(4), b = x.bottomRows(6);
+  draw_labels(p, gmm::Covariance::kFull, a, 40, 9, 3, {parts.data(), 4}, {tp.data(), 4});
+  draw_labels(p, gmm::Covariance::kFull, b, 44, 9, 3, {parts.data() + 4, 6}, {tp.data() + 4, 6});
+  EXPECT_EQ(whole, parts);
+  EXPECT_EQ(tw, tp);
+}
+
 }  // namespace
 }  // namespace caviar::gmm_gibbs

@@ -1,6 +1,8 @@
 #include "models/gmm_gibbs/draws.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
@@ -83,6 +85,66 @@ Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_
     p.precision.push_back(c * c.transpose());
   }
   return p;
+}
+
+void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,
+                 std::int64_t first_row, std::uint64_t seed, std::uint64_t sweep,
+                 std::span<std::int64_t> labels, std::span<double> terms) {
+  const int k_n = static_cast<int>(p.weights.size()), d = static_cast<int>(x.cols());
+  const bool diag = cov == gmm::Covariance::kDiag;
+  // Per component: the Cholesky factor L of Lambda (full) and log pi + log det(Lambda) / 2 -
+  // D log(2 pi) / 2.
+  std::vector<Eigen::MatrixXd> chol(k_n);
+  Eigen::VectorXd offset(k_n);
+  for (int k = 0; k < k_n; ++k) {
+    double half_logdet = 0;
+    if (diag) {
+      for (int j = 0; j < d; ++j) half_logdet += 0.5 * std::log(p.precision[k](j, 0));
+    } else {
+      const Eigen::LLT<Eigen::MatrixXd> llt(p.precision[k]);
+      if (llt.info() != Eigen::Success)
+        throw Error("a drawn precision matrix is not positive definite");
+      chol[k] = llt.matrixL();
+      for (int j = 0; j < d; ++j) half_logdet += std::log(chol[k](j, j));
+    }
+    offset[k] = std::log(p.weights[k]) + half_logdet - 0.5 * d * std::log(2 * std::numbers::pi);
+  }
+  const CounterRng rng(seed, Stream::kGibbsLabels);
+  Eigen::VectorXd logp(k_n), diff(d);
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    for (int k = 0; k < k_n; ++k) {
+      diff = x.row(i).transpose() - p.means.row(k).transpose();
+      double q = 0;
+      if (diag) {
+        for (int j = 0; j < d; ++j) q += p.precision[k](j, 0) * diff[j] * diff[j];
+      } else {
+        // (x - mu)^T L L^T (x - mu) = |L^T (x - mu)|^2, summed in index order.
+        for (int j = 0; j < d; ++j) {
+          double v = 0;
+          for (int r = j; r < d; ++r) v += chol[k](r, j) * diff[r];
+          q += v * v;
+        }
+      }
+      logp[k] = offset[k] - 0.5 * q;
+    }
+    double mx = logp[0];
+    for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
+    double total = 0;
+    for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
+    const std::uint64_t row = static_cast<std::uint64_t>(first_row + i);
+    const double u = rng.uniform2(row, static_cast<std::uint32_t>(sweep))[0] * total;
+    int z = k_n - 1;
+    double cdf = 0;
+    for (int k = 0; k < k_n; ++k) {
+      cdf += std::exp(logp[k] - mx);
+      if (u < cdf) {
+        z = k;
+        break;
+      }
+    }
+    labels[static_cast<std::size_t>(i)] = z;
+    terms[static_cast<std::size_t>(i)] = logp[z];
+  }
 }
 
 }  // namespace caviar::gmm_gibbs

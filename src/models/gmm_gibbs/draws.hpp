@@ -12,6 +12,7 @@
 // or thread that computes it. No MPI, no files.
 #include <Eigen/Dense>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "models/gmm/gmm.hpp"
@@ -40,5 +41,15 @@ Eigen::MatrixXd draw_bartlett(double nu, int dim, std::uint64_t seed, std::uint6
 // weights), the draw of `sweep`.
 Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_t seed,
                    std::uint64_t sweep);
+
+// The labels' full conditional given the parameters (Bruno 2022, eq. 2.21):
+//   p(z_n = k | x_n, pi, mu, Lambda) proportional to pi_k N(x_n | mu_k, Lambda_k^-1),
+// independent over rows. The rows x are global rows [first_row, first_row + x.rows()); row n's
+// label is drawn by inverting its conditional's CDF at a uniform keyed by (seed, sweep, n), so
+// it does not depend on how the rows are split. Writes labels[i] and terms[i] = log(pi_z
+// N(x_n | mu_z, Lambda_z^-1)), the row's term of the log joint density.
+void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,
+                 std::int64_t first_row, std::uint64_t seed, std::uint64_t sweep,
+                 std::span<std::int64_t> labels, std::span<double> terms);
 
 }  // namespace caviar::gmm_gibbs
