@@ -828,15 +828,8 @@ void add_stream_options(CLI::App* app, StreamOptions& so) {
                       "longer sequence is read alone; default: about 8 MB of /X as doubles)");
 }
 
-}  // namespace
-
-void add_commands(CLI::App& cli, engine::Context& ctx) {
-  auto* hmm = cli.add_subcommand(
-      "hmm",
-      "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
-  hmm->require_subcommand(1);
-  engine::add_compare_command(hmm, ctx, "hmm");
-
+// hmm fit.
+void add_fit(CLI::App* hmm, engine::Context& ctx) {
   auto o = std::make_shared<FitOptions>();
   auto* f = hmm->add_subcommand("fit", "Fit an HMM to sequences (/X and /offsets of one file)");
   f->add_option("--data", o->data, "Sequences FILE.h5 (/X: every step; /offsets: n+1 int64)")
@@ -897,7 +890,10 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
     ctx.stop_signals = true;
     ctx.action = [&ctx, o] { fit(ctx, *o); };
   });
+}
 
+// hmm score and hmm decode.
+void add_score_decode(CLI::App* hmm, engine::Context& ctx) {
   auto sc = std::make_shared<ScoreOptions>();
   auto* s = hmm->add_subcommand("score", "Held-out log-likelihood per time step (forward pass)");
   s->add_option("--model", sc->model, "Model file written by hmm fit")->required();
@@ -917,6 +913,19 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
                  "trace (rendered by scripts/plot_hmm.py)");
   add_stream_options(dc, dco->stream);
   dc->callback([&ctx, dco] { ctx.action = [&ctx, dco] { decode(ctx, *dco); }; });
+}
+
+}  // namespace
+
+void add_commands(CLI::App& cli, engine::Context& ctx) {
+  auto* hmm = cli.add_subcommand(
+      "hmm",
+      "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
+  hmm->require_subcommand(1);
+  engine::add_compare_command(hmm, ctx, "hmm");
+
+  add_fit(hmm, ctx);
+  add_score_decode(hmm, ctx);
 
   auto so = std::make_shared<SampleOptions>();
   auto* sm = hmm->add_subcommand("sample", "Sample sequences (and their states) from a fitted HMM");
