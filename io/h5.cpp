@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -447,25 +448,52 @@ void ParallelRowWriter::attr(const std::string& name, const std::string& v) {
 void ParallelRowWriter::write_impl(const std::string& name, std::int64_t global_rows,
                                    RowRange range, const void* data, const Dims& row_shape,
                                    Type dtype) {
+  create_rows(name, global_rows, row_shape, dtype);
+  part_impl(name, range, data, dtype);
+}
+
+namespace {
+hid_t native_type(ParallelRowWriter::Type t) {
+  return t == ParallelRowWriter::Type::kInt64   ? H5T_NATIVE_INT64
+         : t == ParallelRowWriter::Type::kFloat ? H5T_NATIVE_FLOAT
+                                                : H5T_NATIVE_DOUBLE;
+}
+}  // namespace
+
+void ParallelRowWriter::create_rows(const std::string& name, std::int64_t global_rows,
+                                    const Dims& row_shape, Type dtype) {
   comm_.agree([&] {
-    const hid_t type = dtype == Type::kInt64   ? H5T_NATIVE_INT64
-                       : dtype == Type::kFloat ? H5T_NATIVE_FLOAT
-                                               : H5T_NATIVE_DOUBLE;
-    const int rank = 1 + static_cast<int>(row_shape.size());
-    std::vector<hsize_t> gdims{static_cast<hsize_t>(global_rows)}, count{0}, start{0};
+    std::vector<hsize_t> gdims{static_cast<hsize_t>(global_rows)};
+    for (auto v : row_shape) gdims.push_back(v);
+    Handle fspace = checked(H5Screate_simple(static_cast<int>(gdims.size()), gdims.data(), nullptr),
+                            H5Sclose, "H5Screate failed");
+    Handle lcpl = link_create_plist();
+    Handle dset = checked(H5Dcreate2(file_, name.c_str(), native_type(dtype), fspace.get(),
+                                     lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                          H5Dclose, "cannot create dataset '" + name + "' in '" + path_ + "'");
+  });
+}
+
+void ParallelRowWriter::write_part(const std::string& name, RowRange range, const double* data) {
+  part_impl(name, range, data, Type::kDouble);
+}
+
+void ParallelRowWriter::write_part(const std::string& name, RowRange range,
+                                   const std::int64_t* data) {
+  part_impl(name, range, data, Type::kInt64);
+}
+
+void ParallelRowWriter::part_impl(const std::string& name, RowRange range, const void* data,
+                                  Type dtype) {
+  comm_.agree([&] {
+    Handle dset = checked(H5Dopen2(file_, name.c_str(), H5P_DEFAULT), H5Dclose,
+                          "cannot open dataset '" + name + "' in '" + path_ + "'");
+    Handle fspace = checked(H5Dget_space(dset.get()), H5Sclose, "cannot read dataspace");
+    const int rank = H5Sget_simple_extent_ndims(fspace.get());
+    std::vector<hsize_t> count(static_cast<std::size_t>(std::max(rank, 1))), start(count.size());
+    H5Sget_simple_extent_dims(fspace.get(), count.data(), nullptr);
     count[0] = static_cast<hsize_t>(range.size());
     start[0] = static_cast<hsize_t>(range.begin);
-    for (auto v : row_shape) {
-      gdims.push_back(v);
-      count.push_back(v);
-      start.push_back(0);
-    }
-    Handle fspace =
-        checked(H5Screate_simple(rank, gdims.data(), nullptr), H5Sclose, "H5Screate failed");
-    Handle lcpl = link_create_plist();
-    Handle dset = checked(
-        H5Dcreate2(file_, name.c_str(), type, fspace.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
-        H5Dclose, "cannot create dataset '" + name + "' in '" + path_ + "'");
     Handle mspace =
         checked(H5Screate_simple(rank, count.data(), nullptr), H5Sclose, "H5Screate failed");
     if (range.size() > 0) {
@@ -478,7 +506,7 @@ void ParallelRowWriter::write_impl(const std::string& name, std::int64_t global_
     }
     Handle dxpl = checked(H5Pcreate(H5P_DATASET_XFER), H5Pclose, "H5Pcreate failed");
     H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE);
-    check(H5Dwrite(dset.get(), type, mspace.get(), fspace.get(), dxpl.get(), data),
+    check(H5Dwrite(dset.get(), native_type(dtype), mspace.get(), fspace.get(), dxpl.get(), data),
           "cannot write '" + name + "' to '" + path_ + "'");
   });
 }

@@ -102,6 +102,14 @@ class ParallelRowWriter {
   // float32 on disk (e.g. images, VAE codes): half the bytes where double precision is not needed.
   void write_rows(const std::string& name, std::int64_t global_rows, RowRange range,
                   const float* data, const Dims& row_shape);
+  // A dataset written in parts (e.g. a streamed pass, chunk by chunk): create_rows once, then
+  // write_part any number of times, each rank its rows `range` of the dataset (data: range.size()
+  // rows, row-major). Collective: every rank makes the same calls (a range may be empty).
+  enum class Type { kDouble, kInt64, kFloat };
+  void create_rows(const std::string& name, std::int64_t global_rows, const Dims& row_shape,
+                   Type type);
+  void write_part(const std::string& name, RowRange range, const double* data);
+  void write_part(const std::string& name, RowRange range, const std::int64_t* data);
   // A dataset every rank holds the same copy of (dims[0] rows of dims[1..]): rank 0's is written.
   void write_global(const std::string& name, std::span<const double> data, const Dims& dims);
   // Collective: every rank passes the same value.
@@ -111,9 +119,9 @@ class ParallelRowWriter {
   void commit();
 
  private:
-  enum class Type { kDouble, kInt64, kFloat };
   void write_impl(const std::string& name, std::int64_t global_rows, RowRange range,
                   const void* data, const Dims& row_shape, Type type);
+  void part_impl(const std::string& name, RowRange range, const void* data, Type type);
   const Comm& comm_;
   std::string path_, tmp_;
   std::int64_t file_ = -1;

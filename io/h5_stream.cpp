@@ -40,6 +40,7 @@ RowMatrix RowStream::read_range(RowRange range) const {
   RowMatrix out(range.size(), shape_.cols);
   comm_.agree([&] {
     Handle fspace(H5Dget_space(dset_), H5Sclose);
+    // A 1-D dataset selects range.size() values into the range.size() x 1 memory block.
     const hsize_t count[2] = {static_cast<hsize_t>(range.size()),
                               static_cast<hsize_t>(shape_.cols)};
     Handle mspace(H5Screate_simple(2, count, nullptr), H5Sclose);
@@ -73,17 +74,19 @@ RowMatrix RowStream::read_rows(std::span<const std::int64_t> rows) const {
       H5Sselect_none(fspace.get());
       H5Sselect_none(mspace.get());
     } else {
+      // A 1-D dataset (ndims 1: n values as n rows of one column) has one coordinate per point.
+      const std::size_t rank = shape_.ndims == 1 ? 1 : 2;
       std::vector<hsize_t> coords;
-      coords.reserve(rows.size() * static_cast<std::size_t>(shape_.cols) * 2);
+      coords.reserve(rows.size() * static_cast<std::size_t>(shape_.cols) * rank);
       for (std::size_t i = 0; i < rows.size(); ++i) {
         if (rows[i] < 0 || rows[i] >= shape_.rows || (i > 0 && rows[i] <= rows[i - 1]))
           throw Error("internal: row selection out of range or unsorted in " + ref_.str());
         for (std::int64_t j = 0; j < shape_.cols; ++j) {
           coords.push_back(static_cast<hsize_t>(rows[i]));
-          coords.push_back(static_cast<hsize_t>(j));
+          if (rank == 2) coords.push_back(static_cast<hsize_t>(j));
         }
       }
-      check(H5Sselect_elements(fspace.get(), H5S_SELECT_SET, coords.size() / 2, coords.data()),
+      check(H5Sselect_elements(fspace.get(), H5S_SELECT_SET, coords.size() / rank, coords.data()),
             "cannot select rows of " + ref_.str());
     }
     Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);

@@ -1,5 +1,6 @@
 #pragma once
-// Streaming reads of a 2-D dataset that stays open over many collective reads: chunks of a
+// Streaming reads of a 2-D dataset (or of a 1-D one as rows of one column, ndims 1) that stays
+// open over many collective reads: chunks of a
 // rank's row range (full passes) and arbitrary sorted rows (SVI minibatches), so that no rank
 // ever holds the whole dataset. Separate from h5.hpp only to keep that file's interface small.
 #include <cstdint>

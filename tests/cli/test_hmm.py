@@ -21,7 +21,6 @@
 usage: test_hmm.py CAVIAR_BIN WORKDIR
 """
 import itertools
-import json
 import os
 import signal
 import subprocess
@@ -32,7 +31,7 @@ import numpy as np
 from scipy.special import digamma, gammaln, multigammaln
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, fresh_workdir, h5_differences, mpirun, summary  # noqa: E402
+from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)

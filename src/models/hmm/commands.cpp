@@ -11,8 +11,12 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "core/error.hpp"
+#include "core/exact_sum.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
 #include "core/scripts.hpp"
@@ -25,22 +29,19 @@
 #include "engine/stochastic.hpp"
 #include "inference/checkpoint.hpp"
 #include "io/h5.hpp"
+#include "io/h5_stream.hpp"
 #include "models/hmm/hmm.hpp"
 
 namespace caviar::hmm {
 
 namespace {
 
-// A data file read by this rank: its sequences, the global facts, and which rows (sequences) and
-// steps are this rank's.
-struct Data {
-  Sequences seqs;
-  DataSummary summary;
-  RowRange rows, steps;
-  std::int64_t symbols = 0;  // 1 + the largest symbol (categorical)
-  io::MatrixShape shape;
-  std::string identity;  // of /offsets
-};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// The chunk of a streamed pass: whole sequences of about this many bytes of /X as doubles (a
+// sequence longer than that is read alone: forward-backward needs it whole).
+constexpr std::int64_t kChunkBytes = 8 << 20;
 
 // The contiguous range of whole sequences of rank `part`: sequence s belongs to the first rank
 // whose share of the steps [T p / P, T (p + 1) / P) holds its first step. A function of the offsets
@@ -56,9 +57,9 @@ RowRange sequence_range(const std::vector<std::int64_t>& off, int parts, int par
   return {first(part), first(part + 1)};
 }
 
-Data read_data(const Comm& comm, const std::string& file, Emission emission) {
-  Data d;
-  const io::DataRef xref{file, "/X"}, oref{file, "/offsets"};
+// Collective: the whole /offsets of `file`, checked (agreed errors).
+std::vector<std::int64_t> read_offsets(const Comm& comm, const std::string& file) {
+  const io::DataRef oref{file, "/offsets"};
   std::vector<std::int64_t> off;
   comm.agree([&] {
     const io::FileReader r(file);
@@ -84,73 +85,260 @@ Data read_data(const Comm& comm, const std::string& file, Emission emission) {
                     std::to_string(i) + " and " + std::to_string(i + 1) + " are equal)");
     }
   });
-  d.shape = io::inspect_matrix(comm, xref, true);
-  const bool cat = emission == Emission::kCategorical;
-  if (cat && d.shape.ndims != 1)
-    throw Error(xref.str() + " is 2-D, but categorical emissions need 1-D integer symbols");
-  if (!cat && d.shape.ndims != 2)
-    throw Error(xref.str() + " is 1-D, but Gaussian emissions need a 2-D (steps x D) array");
-  if (off.back() != d.shape.rows)
-    throw Error(oref.str() + " ends at " + std::to_string(off.back()) + " but " + xref.str() +
-                " has " + std::to_string(d.shape.rows) + " time steps");
-  const std::int64_t n = static_cast<std::int64_t>(off.size()) - 1;
-  d.rows = sequence_range(off, comm.size(), comm.rank());
-  d.steps = {off[d.rows.begin], off[d.rows.end]};
-  d.seqs.offsets.assign(off.begin() + d.rows.begin, off.begin() + d.rows.end + 1);
-  for (auto& o : d.seqs.offsets) o -= d.steps.begin;
-  io::RowMatrix x = io::read_rows(comm, xref, d.shape, d.steps);
-  d.summary.sequences = n;
-  d.summary.steps = d.shape.rows;
+  return off;
+}
+
+// --stream and --chunk-steps (0: about kChunkBytes of /X per piece).
+struct StreamOptions {
+  bool stream = false;
+  std::int64_t chunk_steps = 0;
+  const CLI::Option* chunk = nullptr;  // whether --chunk-steps was given
+};
+
+// This rank's sequences of a data file, and the global facts about it. In memory, the rank's
+// whole shard is read once. With --stream (stream = true), it is read again from
+// the file at every pass, a piece of whole sequences of at most chunk_steps steps at a time
+// (longer sequences alone), and every SVI minibatch reads its own sequences, through one open
+// io::RowStream: a rank then holds one piece or minibatch, the whole /offsets (8 bytes per
+// sequence) and per-sequence scalars (objective terms), never its shard of /X.
+class Source {
+ public:
+  Source(const Comm& comm, const std::string& file, Emission emission, const StreamOptions& so);
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
+
+  DataSummary summary;
+  RowRange rows, steps;      // this rank's sequences and their (global) steps
+  std::int64_t symbols = 0;  // 1 + the largest symbol (categorical)
+  io::MatrixShape shape;
+  std::string identity;  // of /offsets
+
+  // The engine's view of the rank's sequences (hmm.hpp).
+  const SequenceSource& sequences() const { return view_; }
+  // f(piece, first) over the rank's pieces (first: the local index of the piece's first
+  // sequence), the same number of calls on every rank, so f may make collective calls; a rank
+  // past its last piece, or whose piece failed to convert, gets an empty piece. Conversion errors
+  // are agreed after the loop.
+  void for_each(const SequenceSource::PieceFn& f) const;
+  // The global step of the local sequence `first`'s first step.
+  std::int64_t step_of(std::int64_t first) const { return off_[rows.begin + first]; }
+
+ private:
+  // The offsets, from 0, of the global sequences [g0, g1).
+  std::vector<std::int64_t> offsets_of(std::int64_t g0, std::int64_t g1) const;
+  // Sequences of the given offsets from their rows x, validated (*error says what is wrong, and
+  // the result is then empty); row t is global step at[t], or first + t if at is empty.
+  Sequences convert(io::RowMatrix x, std::vector<std::int64_t> offsets,
+                    std::span<const std::int64_t> at, std::int64_t first, std::string* error) const;
+  Sequences select(std::span<const std::int64_t> rows) const;
+  void summarise();
+  void summarise_gaussian();
+
+  const Comm& comm_;
+  io::DataRef ref_;
+  bool cat_;
+  std::vector<std::int64_t> off_;  // the whole /offsets
+  Sequences seqs_;                 // in memory
+  std::unique_ptr<io::RowStream> stream_;
+  std::vector<RowRange> pieces_;  // --stream: global sequence ranges
+  std::int64_t calls_ = 0;
+  SequenceSource view_;
+};
+
+Source::Source(const Comm& comm, const std::string& file, Emission emission,
+               const StreamOptions& so)
+    : comm_(comm), ref_{file, "/X"}, cat_(emission == Emission::kCategorical) {
+  if (so.chunk && so.chunk->count() > 0) {
+    if (!so.stream) throw Error("--chunk-steps needs --stream");
+    if (so.chunk_steps < 1)
+      throw Error("--chunk-steps must be >= 1 (got " + std::to_string(so.chunk_steps) + ")");
+  }
+  off_ = read_offsets(comm, file);
+  const io::DataRef oref{file, "/offsets"};
+  shape = io::inspect_matrix(comm, ref_, true);
+  if (cat_ && shape.ndims != 1)
+    throw Error(ref_.str() + " is 2-D, but categorical emissions need 1-D integer symbols");
+  if (!cat_ && shape.ndims != 2)
+    throw Error(ref_.str() + " is 1-D, but Gaussian emissions need a 2-D (steps x D) array");
+  if (off_.back() != shape.rows)
+    throw Error(oref.str() + " ends at " + std::to_string(off_.back()) + " but " + ref_.str() +
+                " has " + std::to_string(shape.rows) + " time steps");
+  rows = sequence_range(off_, comm.size(), comm.rank());
+  steps = {off_[rows.begin], off_[rows.end]};
+  summary.sequences = static_cast<std::int64_t>(off_.size()) - 1;
+  summary.steps = shape.rows;
   ckpt::IdentityHash h;
-  for (std::int64_t o : off) h.word(static_cast<std::uint64_t>(o));
-  d.identity = h.hex();
-  std::string error;
-  if (cat) {
-    d.seqs.symbols.resize(static_cast<std::size_t>(x.rows()));
-    std::int64_t mx = -1;
+  for (std::int64_t o : off_) h.word(static_cast<std::uint64_t>(o));
+  identity = h.hex();
+  if (!so.stream) {
+    std::string error;
+    seqs_ = convert(io::read_rows(comm, ref_, shape, steps), offsets_of(rows.begin, rows.end), {},
+                    steps.begin, &error);
+    comm.raise_if_any(error);
+  } else {
+    stream_ = std::make_unique<io::RowStream>(comm, ref_, shape);
+    const std::int64_t chunk_steps =
+        so.chunk_steps > 0 ? so.chunk_steps
+                           : std::max<std::int64_t>(1, kChunkBytes / (8 * shape.cols));
+    for (std::int64_t a = rows.begin; a < rows.end;) {
+      std::int64_t b = a + 1;
+      while (b < rows.end && off_[b + 1] - off_[a] <= chunk_steps) ++b;
+      pieces_.push_back({a, b});
+      a = b;
+    }
+    calls_ = comm.allreduce_max(static_cast<std::int64_t>(pieces_.size()));
+  }
+  view_.n = rows.size();
+  view_.for_each = [this](const SequenceSource::PieceFn& f) { for_each(f); };
+  view_.select = [this](std::span<const std::int64_t> r) { return select(r); };
+  summarise();
+}
+
+std::vector<std::int64_t> Source::offsets_of(std::int64_t g0, std::int64_t g1) const {
+  std::vector<std::int64_t> o{0};
+  for (std::int64_t g = g0; g < g1; ++g) o.push_back(o.back() + off_[g + 1] - off_[g]);
+  return o;
+}
+
+Sequences Source::convert(io::RowMatrix x, std::vector<std::int64_t> offsets,
+                          std::span<const std::int64_t> at, std::int64_t first,
+                          std::string* error) const {
+  auto step = [&](Eigen::Index t) {
+    return std::to_string(at.empty() ? first + t : at[static_cast<std::size_t>(t)]);
+  };
+  Sequences s;
+  s.offsets = std::move(offsets);
+  if (cat_) {
+    s.symbols.resize(static_cast<std::size_t>(x.rows()));
     for (Eigen::Index t = 0; t < x.rows(); ++t) {
       const double v = x(t, 0);
       if (!(v >= 0 && v < 2147483647.0 && v == std::floor(v))) {
         char shown[32];
         std::snprintf(shown, sizeof shown, "%.17g", v);
-        error = xref.str() + " holds " + shown + " at step " + std::to_string(d.steps.begin + t) +
-                ": symbols must be integers in [0, V) (negative, fractional or NaN values are "
-                "not symbols)";
-        break;
+        *error = ref_.str() + " holds " + shown + " at step " + step(t) +
+                 ": symbols must be integers in [0, V) (negative, fractional or NaN values are "
+                 "not symbols)";
+        return Sequences{};
       }
-      d.seqs.symbols[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(v);
-      mx = std::max<std::int64_t>(mx, static_cast<std::int64_t>(v));
+      s.symbols[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(v);
     }
-    comm.raise_if_any(error);
-    d.symbols = comm.allreduce_max(mx) + 1;
-    return d;
+    return s;
   }
-  double mx = 0;
-  for (Eigen::Index t = 0; t < x.rows() && error.empty(); ++t)
-    for (Eigen::Index j = 0; j < x.cols(); ++j) {
-      if (!std::isfinite(x(t, j))) {
-        error = xref.str() + " holds a value that is not finite (NaN or inf) at step " +
-                std::to_string(d.steps.begin + t);
-        break;
+  for (Eigen::Index t = 0; t < x.rows(); ++t)
+    if (!x.row(t).allFinite()) {
+      *error = ref_.str() + " holds a value that is not finite (NaN or inf) at step " + step(t);
+      return Sequences{};
+    }
+  s.x = std::move(x);
+  return s;
+}
+
+void Source::for_each(const SequenceSource::PieceFn& f) const {
+  if (!stream_) return f(seqs_, 0);
+  std::string error;
+  for (std::int64_t i = 0; i < calls_; ++i) {
+    const bool mine = i < static_cast<std::int64_t>(pieces_.size());
+    const RowRange g = mine ? pieces_[static_cast<std::size_t>(i)] : RowRange{rows.end, rows.end};
+    io::RowMatrix x = stream_->read_range({off_[g.begin], off_[g.end]});
+    Sequences piece;
+    if (error.empty())
+      piece = convert(std::move(x), offsets_of(g.begin, g.end), {}, off_[g.begin], &error);
+    // After an error, empty pieces: the remaining reads (collective) still happen.
+    f(piece, error.empty() ? g.begin - rows.begin : rows.size());
+  }
+  comm_.raise_if_any(error);
+}
+
+Sequences Source::select(std::span<const std::int64_t> r) const {
+  std::vector<std::int64_t> offsets{0};
+  for (const std::int64_t q : r)
+    offsets.push_back(offsets.back() + off_[rows.begin + q + 1] - off_[rows.begin + q]);
+  if (stream_) {
+    // Every step of the listed sequences, in one collective read.
+    std::vector<std::int64_t> at;
+    at.reserve(static_cast<std::size_t>(offsets.back()));
+    for (const std::int64_t q : r)
+      for (std::int64_t t = off_[rows.begin + q]; t < off_[rows.begin + q + 1]; ++t)
+        at.push_back(t);
+    std::string error;
+    Sequences s = convert(stream_->read_rows(at), std::move(offsets), at, 0, &error);
+    comm_.raise_if_any(error);
+    return s;
+  }
+  // In memory: copies of the listed sequences (a minibatch's worth).
+  Sequences s;
+  s.offsets = std::move(offsets);
+  if (!cat_) s.x.resize(s.steps(), shape.cols);
+  for (std::size_t i = 0; i < r.size(); ++i) {
+    const std::int64_t a = seqs_.offsets[r[i]], n = seqs_.length(r[i]);
+    if (cat_)
+      s.symbols.insert(s.symbols.end(), seqs_.symbols.begin() + a, seqs_.symbols.begin() + a + n);
+    else
+      s.x.middleRows(s.offsets[i], n) = seqs_.x.middleRows(a, n);
+  }
+  return s;
+}
+
+void Source::summarise() {
+  if (!cat_) return summarise_gaussian();
+  std::int64_t mx = -1;
+  for_each([&](const Sequences& p, std::int64_t) {
+    for (const std::int32_t v : p.symbols) mx = std::max<std::int64_t>(mx, v);
+  });
+  symbols = comm_.allreduce_max(mx) + 1;
+}
+
+// The data's max |x|, and its mean and variance per dimension, which the Gaussian initialisation
+// and the Normal-Wishart prior use: summed exactly on engine::exact_sum's grid (2 T max|addend| per
+// dimension over every rank), so the same bits at any rank count and piece size. Four passes.
+void Source::summarise_gaussian() {
+  const Eigen::Index d = shape.cols;
+  const auto ud = static_cast<std::size_t>(d);
+  const double total = static_cast<double>(shape.rows);
+  // The largest |term(x_tj, j)| per dimension, over every rank.
+  auto max_of = [&](const auto& term) {
+    std::vector<double> m(ud, 0.0);
+    for_each([&](const Sequences& p, std::int64_t) {
+      for (Eigen::Index t = 0; t < p.x.rows(); ++t)
+        for (Eigen::Index j = 0; j < d; ++j) {
+          const double v = std::abs(term(p.x(t, j), j));
+          m[j] = std::isfinite(v) ? std::max(m[j], v) : kInf;
+        }
+    });
+    comm_.allreduce_max(std::span<double>(m));
+    return m;
+  };
+  // The exact sum of term(x_tj, j) over every step, per dimension (NaN where the grid overflows).
+  auto sum_of = [&](const auto& term, const std::vector<double>& m) {
+    std::vector<int> e(ud);
+    std::vector<char> ok(ud);
+    for (std::size_t j = 0; j < ud; ++j) {
+      ok[j] = std::isfinite(2.0 * m[j] * total);
+      e[j] = ok[j] ? bound_exponent(2.0 * m[j] * total) : 0;
+    }
+    ExactSum acc(e);
+    std::vector<double> row(ud);
+    for_each([&](const Sequences& p, std::int64_t) {
+      for (Eigen::Index t = 0; t < p.x.rows(); ++t) {
+        for (Eigen::Index j = 0; j < d; ++j) row[j] = ok[j] ? term(p.x(t, j), j) : 0.0;
+        acc.add(row);
       }
-      mx = std::max(mx, std::abs(x(t, j)));
-    }
-  comm.raise_if_any(error);
-  d.summary.max_abs = comm.allreduce_max(mx);
-  // The data's mean and variance per dimension, summed exactly (the same bits at any rank count):
-  // the Gaussian initialisation and the Normal-Wishart prior use them.
-  const double total = static_cast<double>(d.shape.rows);
-  std::vector<double> col(static_cast<std::size_t>(x.rows()));
-  for (Eigen::Index j = 0; j < x.cols(); ++j) {
-    for (Eigen::Index t = 0; t < x.rows(); ++t) col[static_cast<std::size_t>(t)] = x(t, j);
-    const double mean = engine::exact_sum(comm, col) / total;
-    for (Eigen::Index t = 0; t < x.rows(); ++t)
-      col[static_cast<std::size_t>(t)] = (x(t, j) - mean) * (x(t, j) - mean);
-    d.summary.mean.push_back(mean);
-    d.summary.var.push_back(engine::exact_sum(comm, col) / total);
-  }
-  d.seqs.x = std::move(x);
-  return d;
+    });
+    comm_.allreduce_sum(acc.raw());
+    std::vector<double> s = acc.result();
+    for (std::size_t j = 0; j < ud; ++j)
+      if (!ok[j]) s[j] = kNaN;
+    return s;
+  };
+  const auto x = [](double v, Eigen::Index) { return v; };
+  const std::vector<double> mx = max_of(x);
+  summary.max_abs = *std::max_element(mx.begin(), mx.end());
+  for (const double s : sum_of(x, mx)) summary.mean.push_back(s / total);
+  const auto sq = [&](double v, Eigen::Index j) {
+    const double c = v - summary.mean[static_cast<std::size_t>(j)];
+    return c * c;
+  };
+  for (const double s : sum_of(sq, max_of(sq))) summary.var.push_back(s / total);
 }
 
 template <class E>
@@ -167,6 +355,7 @@ struct FitOptions {
   int states = 0;
   std::int64_t symbols = 0;
   std::uint64_t seed = 0;
+  StreamOptions stream;
   Config cfg;
   engine::StopRule stop{100, 1e-6};
   engine::CheckpointFiles files;
@@ -185,6 +374,57 @@ Config config_of(const FitOptions& o) {
       o.algorithm, "--algorithm",
       {{"em", Algorithm::kEm}, {"cavi", Algorithm::kCavi}, {"svi", Algorithm::kSvi}});
   return c;
+}
+
+// Every step's state marginals of the fitted state (q(z_t) for VB, p(z_t | x) for EM), one row
+// per time step, written piece by piece (collective).
+void write_posteriors(const Comm& comm, const Source& d, const Model& model,
+                      const std::string& out) {
+  const int k = model.config().states;
+  io::ParallelRowWriter w(comm, out);
+  w.create_rows("posteriors", d.summary.steps, {static_cast<std::uint64_t>(k)},
+                io::ParallelRowWriter::Type::kDouble);
+  std::vector<double> g;
+  d.for_each([&](const Sequences& piece, std::int64_t first) {
+    g.resize(static_cast<std::size_t>(piece.steps() * k));
+    model.posteriors(piece, g);
+    const std::int64_t t0 = d.step_of(first);
+    w.write_part("posteriors", {t0, t0 + piece.steps()}, g.data());
+  });
+  w.commit();
+}
+
+// hmm score and hmm decode.
+struct ScoreOptions {
+  std::string model, data, out, png;
+  StreamOptions stream;
+};
+
+// What a checkpoint of this fit must agree on to be resumed. Not --stream or --chunk-steps: the
+// streamed fit is the in-memory one bit for bit, so either may resume the other's checkpoint.
+ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const Config& cfg,
+                              const Source& d) {
+  ckpt::Fingerprint fp("hmm");
+  fp.add("algorithm", o.algorithm, "--algorithm");
+  fp.add("emission", o.emission, "--emission");
+  if (cfg.emission == Emission::kGaussian) fp.add("covariance", o.covariance, "--covariance");
+  fp.add("states", static_cast<std::int64_t>(o.states), "--states");
+  fp.add("symbols", cfg.symbols, "--symbols");
+  fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
+  fp.add("prior_start", cfg.prior_start, "--prior-start");
+  fp.add("prior_trans", cfg.prior_trans, "--prior-trans");
+  fp.add("prior_emission", cfg.prior_emission, "--prior-emission");
+  fp.add("prior_beta", cfg.prior_beta, "--prior-beta");
+  fp.add("min_covar", cfg.min_covar, "--min-covar");
+  if (cfg.algorithm == Algorithm::kSvi) {
+    fp.add("batch_size", o.schedule.batch_size, "--batch-size");
+    fp.add("tau0", o.schedule.tau0, "--tau0");
+    fp.add("kappa", o.schedule.kappa, "--kappa");
+  }
+  ckpt::add_data(fp, comm, "--data", io::DataRef{o.data, "/X"}, d.shape);
+  fp.add("offsets_identity", d.identity, "--data",
+         "its /offsets differ from this run's --data " + o.data);
+  return fp;
 }
 
 void fit(const engine::Context& ctx, const FitOptions& o) {
@@ -208,7 +448,7 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
   if (!o.out.empty() && o.out == o.posteriors)
     throw Error("--posteriors and --out name the same file");
   engine::Checkpointer ck(comm, o.files, inputs, o.out);
-  const Data d = read_data(comm, o.data, cfg.emission);
+  const Source d(comm, o.data, cfg.emission, o.stream);
   if (o.states > d.summary.steps)
     throw Error("--states " + std::to_string(o.states) + " is more than the " +
                 std::to_string(d.summary.steps) + " time steps of " + o.data);
@@ -220,31 +460,9 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
   } else {
     cfg.dim = static_cast<int>(d.shape.cols);
   }
-  Model model(cfg, &d.seqs, d.summary);
+  Model model(cfg, &d.sequences(), d.summary);
   model.init_random(o.seed);
-  if (!o.files.checkpoint.empty() || !o.files.resume.empty()) {
-    ckpt::Fingerprint fp("hmm");
-    fp.add("algorithm", o.algorithm, "--algorithm");
-    fp.add("emission", o.emission, "--emission");
-    if (cfg.emission == Emission::kGaussian) fp.add("covariance", o.covariance, "--covariance");
-    fp.add("states", static_cast<std::int64_t>(o.states), "--states");
-    fp.add("symbols", cfg.symbols, "--symbols");
-    fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
-    fp.add("prior_start", cfg.prior_start, "--prior-start");
-    fp.add("prior_trans", cfg.prior_trans, "--prior-trans");
-    fp.add("prior_emission", cfg.prior_emission, "--prior-emission");
-    fp.add("prior_beta", cfg.prior_beta, "--prior-beta");
-    fp.add("min_covar", cfg.min_covar, "--min-covar");
-    if (svi) {
-      fp.add("batch_size", o.schedule.batch_size, "--batch-size");
-      fp.add("tau0", o.schedule.tau0, "--tau0");
-      fp.add("kappa", o.schedule.kappa, "--kappa");
-    }
-    ckpt::add_data(fp, comm, "--data", io::DataRef{o.data, "/X"}, d.shape);
-    fp.add("offsets_identity", d.identity, "--data",
-           "its /offsets differ from this run's --data " + o.data);
-    ck.open(std::move(fp));
-  }
+  if (!o.files.checkpoint.empty() || !o.files.resume.empty()) ck.open(fingerprint(comm, o, cfg, d));
   print_progress(ctx, "caviar hmm fit: " + o.data + ", K=" + std::to_string(o.states) + ", " +
                           o.emission + ", " + o.algorithm + ", " + std::to_string(comm.size()) +
                           " ranks x " + std::to_string(max_threads()) + " threads");
@@ -277,11 +495,7 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
     print_progress(ctx, "wrote model " + o.out);
   }
   if (!o.posteriors.empty()) {
-    // q(z_t) (VB) or p(z_t | x) (EM) of the returned state, one row per time step.
-    std::vector<double> g(static_cast<std::size_t>(d.steps.size() * o.states));
-    model.posteriors(d.seqs, g);
-    engine::write_rows_file(comm, o.posteriors,
-                            {{"posteriors", g.data(), o.states}, d.summary.steps, d.steps});
+    write_posteriors(comm, d, model, o.posteriors);
     print_progress(ctx, "wrote " + o.posteriors + ":/posteriors");
   }
   auto j = engine::summary(ctx, res);
@@ -294,7 +508,7 @@ void fit(const engine::Context& ctx, const FitOptions& o) {
 // A model file's point parameters as a scoring model, and the data read for its emission type.
 struct Loaded {
   std::optional<Model> model;
-  std::optional<Data> data;
+  std::unique_ptr<Source> data;
 };
 
 // The point parameters of a model file written by hmm fit (collective: agreed errors).
@@ -340,7 +554,8 @@ std::optional<Model> load_model(const Comm& comm, const std::string& model_file,
   return model;
 }
 
-Loaded load(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
+Loaded load(const engine::Context& ctx, const std::string& model_file, const std::string& data,
+            const StreamOptions& stream) {
   const Comm& comm = *ctx.comm;
   Loaded l;
   Config cfg;
@@ -351,7 +566,7 @@ Loaded load(const engine::Context& ctx, const std::string& model_file, const std
   if (cat != (shape.ndims == 1))
     throw Error("'" + model_file + "' is a " + name(cfg.emission) + "-emission model but " + data +
                 ":/X holds " + (shape.ndims == 1 ? "categorical symbols (1-D)" : "2-D rows"));
-  l.data.emplace(read_data(comm, data, cfg.emission));
+  l.data = std::make_unique<Source>(comm, data, cfg.emission, stream);
   if (cat && l.data->symbols > cfg.symbols)
     throw Error(data + ":/X holds the symbol " + std::to_string(l.data->symbols - 1) +
                 ", outside the model's [0, " + std::to_string(cfg.symbols) + ")");
@@ -361,12 +576,16 @@ Loaded load(const engine::Context& ctx, const std::string& model_file, const std
   return l;
 }
 
-void score(const engine::Context& ctx, const std::string& model_file, const std::string& data) {
+void score(const engine::Context& ctx, const ScoreOptions& o) {
   const Comm& comm = *ctx.comm;
-  const Loaded l = load(ctx, model_file, data);
-  const Data& d = *l.data;
-  std::vector<double> ll(static_cast<std::size_t>(d.seqs.n()));
-  l.model->log_likelihood(d.seqs, ll);
+  const Loaded l = load(ctx, o.model, o.data, o.stream);
+  const Source& d = *l.data;
+  std::vector<double> ll(static_cast<std::size_t>(d.rows.size()));
+  d.for_each([&](const Sequences& piece, std::int64_t first) {
+    l.model->log_likelihood(piece,
+                            std::span<double>(ll).subspan(static_cast<std::size_t>(first),
+                                                          static_cast<std::size_t>(piece.n())));
+  });
   const double total = engine::exact_sum(comm, ll);
   const double per_step = total / static_cast<double>(d.summary.steps);
   nlohmann::ordered_json j;
@@ -395,9 +614,9 @@ void render_png(const std::string& script, const std::string& model_file, const 
                 "); it needs Debian's python3-matplotlib and python3-h5py");
 }
 
-void decode(const engine::Context& ctx, const std::string& model_file, const std::string& data,
-            const std::string& out, const std::string& png) {
+void decode(const engine::Context& ctx, const ScoreOptions& o) {
   const Comm& comm = *ctx.comm;
+  const std::string &model_file = o.model, &data = o.data, &out = o.out, &png = o.png;
   io::check_output_path(comm, out, {model_file, data});
   if (!png.empty()) {
     io::check_output_path(comm, png, {model_file, data, out});
@@ -406,12 +625,18 @@ void decode(const engine::Context& ctx, const std::string& model_file, const std
   // Found before anything is written: a missing script leaves no output behind.
   std::string script;
   if (!png.empty()) comm.on_root([&] { script = script_path("plot_hmm.py"); });
-  const Loaded l = load(ctx, model_file, data);
-  const Data& d = *l.data;
-  std::vector<std::int64_t> path(static_cast<std::size_t>(d.steps.size()));
-  l.model->viterbi(d.seqs, path);
+  const Loaded l = load(ctx, model_file, data, o.stream);
+  const Source& d = *l.data;
+  // The Viterbi paths of each piece as it is decoded (Rabiner 1989, section III.B).
   io::ParallelRowWriter w(comm, out);
-  w.write_rows("states", d.summary.steps, d.steps, path.data(), {});
+  w.create_rows("states", d.summary.steps, {}, io::ParallelRowWriter::Type::kInt64);
+  std::vector<std::int64_t> path;
+  d.for_each([&](const Sequences& piece, std::int64_t first) {
+    path.resize(static_cast<std::size_t>(piece.steps()));
+    l.model->viterbi(piece, path);
+    const std::int64_t t0 = d.step_of(first);
+    w.write_part("states", {t0, t0 + piece.steps()}, path.data());
+  });
   w.commit();
   print_progress(ctx, "wrote " + out + ":/states");
   if (!png.empty()) {
@@ -590,15 +815,21 @@ void generate(const engine::Context& ctx, const GenerateOptions& o) {
   print_summary(ctx, j);
 }
 
-}  // namespace
+// --stream and --chunk-steps, the same on fit, score and decode.
+void add_stream_options(CLI::App* app, StreamOptions& so) {
+  app->add_flag(
+      "--stream", so.stream,
+      "Read the sequences from the file piece by piece at every pass (and each svi minibatch's "
+      "own sequences), never holding the rank's whole share of /X: memory is bounded by a piece "
+      "(or the longest sequence), not by the data. The results are bitwise those in memory");
+  so.chunk =
+      app->add_option("--chunk-steps", so.chunk_steps,
+                      "With --stream: the most time steps per piece of whole sequences (a "
+                      "longer sequence is read alone; default: about 8 MB of /X as doubles)");
+}
 
-void add_commands(CLI::App& cli, engine::Context& ctx) {
-  auto* hmm = cli.add_subcommand(
-      "hmm",
-      "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
-  hmm->require_subcommand(1);
-  engine::add_compare_command(hmm, ctx, "hmm");
-
+// hmm fit.
+void add_fit(CLI::App* hmm, engine::Context& ctx) {
   auto o = std::make_shared<FitOptions>();
   auto* f = hmm->add_subcommand("fit", "Fit an HMM to sequences (/X and /offsets of one file)");
   f->add_option("--data", o->data, "Sequences FILE.h5 (/X: every step; /offsets: n+1 int64)")
@@ -653,31 +884,48 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
                 "covariances, posterior/ for cavi and svi, traces, provenance)");
   f->add_option("--posteriors", o->posteriors,
                 "File to write every step's state marginals to (dataset posteriors, T x K)");
+  add_stream_options(f, o->stream);
   engine::add_checkpoint_options(f, o->files);
   f->callback([&ctx, o] {
     ctx.stop_signals = true;
     ctx.action = [&ctx, o] { fit(ctx, *o); };
   });
+}
 
-  auto model = std::make_shared<std::string>(), data = std::make_shared<std::string>(),
-       out = std::make_shared<std::string>();
+// hmm score and hmm decode.
+void add_score_decode(CLI::App* hmm, engine::Context& ctx) {
+  auto sc = std::make_shared<ScoreOptions>();
   auto* s = hmm->add_subcommand("score", "Held-out log-likelihood per time step (forward pass)");
-  s->add_option("--model", *model, "Model file written by hmm fit")->required();
-  s->add_option("--data", *data, "Sequences FILE.h5 (/X, /offsets)")->required();
-  s->callback(
-      [&ctx, model, data] { ctx.action = [&ctx, model, data] { score(ctx, *model, *data); }; });
+  s->add_option("--model", sc->model, "Model file written by hmm fit")->required();
+  s->add_option("--data", sc->data, "Sequences FILE.h5 (/X, /offsets)")->required();
+  add_stream_options(s, sc->stream);
+  s->callback([&ctx, sc] { ctx.action = [&ctx, sc] { score(ctx, *sc); }; });
+  auto dco = std::make_shared<ScoreOptions>();
   auto* dc = hmm->add_subcommand("decode", "Most probable state path of every sequence (Viterbi)");
-  dc->add_option("--model", *model, "Model file written by hmm fit")->required();
-  dc->add_option("--data", *data, "Sequences FILE.h5 (/X, /offsets)")->required();
-  dc->add_option("--out", *out, "File to write the paths to (dataset states, int64 per step)")
+  dc->add_option("--model", dco->model, "Model file written by hmm fit")->required();
+  dc->add_option("--data", dco->data, "Sequences FILE.h5 (/X, /offsets)")->required();
+  dc->add_option("--out", dco->out,
+                 "File to write the paths to (dataset states, int64 per step; every rank writes "
+                 "its own sequences', piece by piece with --stream)")
       ->required();
-  auto png = std::make_shared<std::string>();
-  dc->add_option("--png", *png,
+  dc->add_option("--png", dco->png,
                  "PNG to write: the first sequences coloured by decoded state, and the model's "
                  "trace (rendered by scripts/plot_hmm.py)");
-  dc->callback([&ctx, model, data, out, png] {
-    ctx.action = [&ctx, model, data, out, png] { decode(ctx, *model, *data, *out, *png); };
-  });
+  add_stream_options(dc, dco->stream);
+  dc->callback([&ctx, dco] { ctx.action = [&ctx, dco] { decode(ctx, *dco); }; });
+}
+
+}  // namespace
+
+void add_commands(CLI::App& cli, engine::Context& ctx) {
+  auto* hmm = cli.add_subcommand(
+      "hmm",
+      "Hidden Markov models (Rabiner 1989): Baum-Welch EM or variational Bayes (CAVI or SVI)");
+  hmm->require_subcommand(1);
+  engine::add_compare_command(hmm, ctx, "hmm");
+
+  add_fit(hmm, ctx);
+  add_score_decode(hmm, ctx);
 
   auto so = std::make_shared<SampleOptions>();
   auto* sm = hmm->add_subcommand("sample", "Sample sequences (and their states) from a fitted HMM");

@@ -126,7 +126,7 @@ struct Model::Work {
   }
 };
 
-Model::Model(const Config& cfg, const Sequences* seqs, const DataSummary& data)
+Model::Model(const Config& cfg, const SequenceSource* seqs, const DataSummary& data)
     : cfg_(cfg),
       seqs_(seqs),
       data_(data),
@@ -441,17 +441,18 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
 }
 
 void Model::local_step(Stats& stats, std::span<double> terms) {
-  local_step(stats, terms, nullptr, seqs_->n());
+  seqs_->for_each([&](const Sequences& piece, std::int64_t first) {
+    local_step(piece, stats,
+               terms.subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(piece.n())));
+  });
 }
 
 void Model::local_step(Stats& stats, std::span<double> terms, std::span<const std::int64_t> rows) {
-  local_step(stats, terms, rows.data(), static_cast<std::int64_t>(rows.size()));
+  local_step(seqs_->select(rows), stats, terms);
 }
 
-void Model::local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows,
-                       std::int64_t n) {
-  const Sequences& s = *seqs_;
-  const bool all = rows == nullptr;
+void Model::local_step(const Sequences& s, Stats& stats, std::span<double> terms) {
+  const std::int64_t n = s.n();
   const int n_threads =
       static_cast<int>(std::min<std::int64_t>(max_threads(), std::max<std::int64_t>(n, 1)));
   // Threads other than the first count into their own statistics, added afterwards: integers, so
@@ -462,8 +463,8 @@ void Model::local_step(Stats& stats, std::span<double> terms, const std::int64_t
   parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
     Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
     for (std::int64_t q = s0; q < s1; ++q)
-      terms[static_cast<std::size_t>(q)] = forward_backward(
-          s, all ? q : rows[q], work[static_cast<std::size_t>(tid)], &acc, nullptr);
+      terms[static_cast<std::size_t>(q)] =
+          forward_backward(s, q, work[static_cast<std::size_t>(tid)], &acc, nullptr);
   });
   for (int t = 0; t < n_threads - 1; ++t) stats += work_[static_cast<std::size_t>(t)];
 }

@@ -32,6 +32,7 @@
 // The model knows nothing of MPI or files (engine/batch.hpp runs it).
 #include <Eigen/Core>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,6 +60,21 @@ struct Sequences {
   std::int64_t n() const { return static_cast<std::int64_t>(offsets.size()) - 1; }
   std::int64_t steps() const { return offsets.back(); }
   std::int64_t length(std::int64_t s) const { return offsets[s + 1] - offsets[s]; }
+};
+
+// Where the local steps find this rank's sequences: all in memory (one piece), or read from the
+// file piece by piece at every pass (--stream). Reading is the caller's: the model knows nothing of
+// files or MPI. A streamed read is collective, so every rank calls for_each's f as many times as
+// the rank with the most pieces (with an empty piece once it has run out), and select on every
+// minibatch step (with no sequences where it owns none of the minibatch).
+struct SequenceSource {
+  using PieceFn = std::function<void(const Sequences& piece, std::int64_t first)>;
+  std::int64_t n = 0;  // this rank's sequences
+  // Calls f(piece, first) over consecutive pieces of whole sequences covering [0, n) in order;
+  // first is the local index of the piece's first sequence.
+  std::function<void(const PieceFn& f)> for_each;
+  // The listed local sequences (strictly increasing), in that order.
+  std::function<Sequences(std::span<const std::int64_t> rows)> select;
 };
 
 // The global facts about the data the model needs on every rank (the fixed-point bounds and a
@@ -116,7 +132,7 @@ class Model {
   enum SectionId { kStart = 0, kTrans = 1, kOcc = 2, kEmit = 3, kSx = 3, kSxx = 4 };
 
   // seqs: this rank's sequences (null for a model used only to score or decode).
-  Model(const Config& cfg, const Sequences* seqs, const DataSummary& data);
+  Model(const Config& cfg, const SequenceSource* seqs, const DataSummary& data);
 
   const Config& config() const { return cfg_; }
   // CAVI and SVI fit the same variational posterior; EM fits point estimates.
@@ -126,7 +142,7 @@ class Model {
 
   // --- the engine's batch conjugate concept (engine/batch.hpp)
   Stats make_stats() const;
-  std::int64_t n_local_rows() const { return seqs_ ? seqs_->n() : 0; }
+  std::int64_t n_local_rows() const { return seqs_ ? seqs_->n : 0; }
   void local_step(Stats& stats, std::span<double> terms);
   double global_objective() const;  // VB: minus the KL divergences of the globals; EM: 0
   void update(const Stats& stats);
@@ -170,8 +186,8 @@ class Model {
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
                           double* gamma) const;
-  // The local step over local sequences rows[0, n) (rows: null for every sequence, n = s.n()).
-  void local_step(Stats& stats, std::span<double> terms, const std::int64_t* rows, std::int64_t n);
+  // The local step over every sequence of s (terms: one per sequence of s).
+  void local_step(const Sequences& s, Stats& stats, std::span<double> terms);
   void refresh();  // recompute the forward-backward parameters from the state
   // The M-step / CAVI update from the statistics times `scale`, without refresh().
   void set_target(const Stats& stats, double scale);
@@ -182,7 +198,7 @@ class Model {
                     std::vector<RowMatrix>& cov) const;
 
   Config cfg_;
-  const Sequences* seqs_;
+  const SequenceSource* seqs_;
   DataSummary data_;
   int k_, d_;
   std::int64_t v_;
