@@ -804,6 +804,110 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
   return res;
 }
 
+// SVI's minibatches (Hoffman et al. 2013): the E-step over one minibatch under the current
+// lambda, its statistics summed over ranks and scaled by N/|b| (whose log_norm then gives the
+// stochastic ELBO of Bruno 2022, eq. 2.52), and the noisy natural gradient it gives.
+class Minibatches {
+ public:
+  Minibatches(const Comm& comm, const FitOptions& o, const Source& src, const Model& model,
+              const Moments& mom)
+      : comm_(comm),
+        o_(o),
+        src_(src),
+        model_(model),
+        n_(src.shape().rows),
+        size_(std::min<std::int64_t>(o.batch_size, n_)),
+        batch_(new_stats(o, model, mom, n_)),
+        grad_(model.make_stats()) {}
+
+  std::int64_t rows() const { return n_; }
+  std::int64_t steps_per_epoch() const { return (n_ + size_ - 1) / size_; }
+  const Stats& batch() const { return batch_; }
+  const Stats& gradient() const { return grad_; }
+
+  // The statistics of minibatch `step` of the permutation into batch(); returns |b| (B, or
+  // N mod B on an epoch's last step).
+  std::int64_t step(const EpochPermutation& perm, std::int64_t step) {
+    std::int64_t size = 0;
+    const auto rows = minibatch_rows(perm, n_, size_, step, src_.range(), &size);
+    batch_.set_zero();
+    if (o_.fast_reduce) {
+      const RowMatrix xb = src_.gather(rows);
+      comm_.agree([&] { model_.local_step(xb, batch_); });
+      reduce(batch_, n_, engine::Reducer(comm_));
+    } else {
+      // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
+      // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
+      // independent split of a few hundred rows into exact blocks does not exist. Only the
+      // rows travel (B x D), not the statistics (K x D^2).
+      const RowMatrix mine = src_.gather(rows);
+      const std::vector<double> all = comm_.allgatherv(
+          std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
+      const Eigen::Index cols = src_.shape().cols;
+      const RowMatrix xb = Eigen::Map<const RowMatrix>(
+          all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
+      comm_.agree([&] { model_.local_step(xb, batch_); });
+      reduce(batch_, n_, engine::Reducer::local());
+    }
+    batch_ *= static_cast<double>(n_) / static_cast<double>(size);
+    return size;
+  }
+
+  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49), into gradient().
+  void natural_gradient(const Stats& s_eff) {
+    for (std::size_t i = 0; i < grad_.buffer().size(); ++i)
+      grad_.buffer()[i] = batch_.buffer()[i] - s_eff.buffer()[i];
+  }
+
+ private:
+  const Comm& comm_;
+  const FitOptions& o_;
+  const Source& src_;
+  const Model& model_;
+  std::int64_t n_, size_;
+  Stats batch_, grad_;
+};
+
+// Adaptive step size: initialises g_bar and h_bar from Monte Carlo estimates of the noisy natural
+// gradient, min(tau0, one epoch) minibatches of a separate draw (Ranganath et al. 2013; Bruno
+// 2022, section 2.2.2).
+void init_adaptive(const FitOptions& o, Minibatches& mb, const Stats& s_eff, StepSize& schedule) {
+  const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), mb.steps_per_epoch());
+  const EpochPermutation perm(static_cast<std::uint64_t>(mb.rows()), o.seed, 0xFFFFFFFFu);
+  std::vector<Stats> gs;
+  for (std::int64_t i = 0; i < n_mc; ++i) {
+    mb.step(perm, i);
+    mb.natural_gradient(s_eff);
+    gs.push_back(mb.gradient());
+  }
+  schedule.init_adaptive(gs);
+}
+
+// The end of SVI epoch `epoch` (0-based) with epoch-average ELBO avg: records and reports it, and
+// applies the stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the average
+// changes by less than tol, or has decreased for three consecutive epochs. Returns whether to
+// stop; res.steps must hold the steps done.
+bool end_epoch(const FitOptions& o, const Progress& progress, int epoch, double avg, double seconds,
+               double rho, int& decreases, FitResult& res) {
+  const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                             : rel_change(avg, res.epoch_trace.back());
+  if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
+  res.epoch_trace.push_back(avg);
+  res.iterations = epoch + 1;
+  if (progress) progress({epoch + 1, avg, rel, seconds, rho, res.steps});
+  if (epoch > 0 && rel < o.tol) {
+    res.converged = true;
+    res.stop_reason = "tol";
+    return true;
+  }
+  if (decreases >= 3) {
+    res.converged = true;
+    res.stop_reason = "elbo-decreased";
+    return true;
+  }
+  return false;
+}
+
 // SVI (Hoffman et al. 2013) with the Robbins-Monro or the adaptive step size, on its own loop
 // and checkpoint (inference/gmm_checkpoint.hpp).
 FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress, Model& model,
@@ -830,56 +934,14 @@ FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress
   // SVI (Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
   // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
   // is S <- (1 - rho) S + rho (N/B) S_batch (Bruno 2022, eqs 2.50 and 2.53).
-  Stats s_eff = model.make_stats(), grad = model.make_stats();
+  Stats s_eff = model.make_stats();
   s_eff += stats;
-  Stats batch = new_stats(o, model, mom, n);
-  const std::int64_t bsz = std::min<std::int64_t>(o.batch_size, n);
-  const std::int64_t steps_per_epoch = (n + bsz - 1) / bsz;
-  // The E-step over one minibatch under the current lambda, summed over ranks and scaled by
-  // N/|b| into `batch` (whose log_norm then gives the stochastic ELBO of Bruno 2022, eq. 2.52).
-  // Returns |b| (B, or N mod B on an epoch's last step).
-  auto minibatch = [&](const EpochPermutation& perm, std::int64_t step) {
-    std::int64_t size = 0;
-    const auto rows = minibatch_rows(perm, n, bsz, step, src.range(), &size);
-    batch.set_zero();
-    if (o.fast_reduce) {
-      const RowMatrix xb = src.gather(rows);
-      comm.agree([&] { model.local_step(xb, batch); });
-      reduce(batch, n, engine::Reducer(comm));
-    } else {
-      // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
-      // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
-      // independent split of a few hundred rows into exact blocks does not exist. Only the
-      // rows travel (B x D), not the statistics (K x D^2).
-      const RowMatrix mine = src.gather(rows);
-      const std::vector<double> all = comm.allgatherv(
-          std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
-      const Eigen::Index cols = src.shape().cols;
-      const RowMatrix xb = Eigen::Map<const RowMatrix>(
-          all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
-      comm.agree([&] { model.local_step(xb, batch); });
-      reduce(batch, n, engine::Reducer::local());
-    }
-    batch *= static_cast<double>(n) / static_cast<double>(size);
-    return size;
-  };
-  auto natural_gradient = [&] {  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49)
-    for (std::size_t i = 0; i < grad.buffer().size(); ++i)
-      grad.buffer()[i] = batch.buffer()[i] - s_eff.buffer()[i];
-  };
+  Minibatches mb(comm, o, src, model, mom);
+  const Stats& batch = mb.batch();
+  const Stats& grad = mb.gradient();
+  const std::int64_t steps_per_epoch = mb.steps_per_epoch();
   StepSize schedule(o, model);
-  if (o.schedule == Schedule::kAdaptive && !ck.resuming()) {
-    // Monte Carlo initialisation from min(tau0, one epoch) minibatches of a separate draw.
-    const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), steps_per_epoch);
-    const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed, 0xFFFFFFFFu);
-    std::vector<Stats> gs;
-    for (std::int64_t i = 0; i < n_mc; ++i) {
-      minibatch(perm, i);
-      natural_gradient();
-      gs.push_back(grad);
-    }
-    schedule.init_adaptive(gs);
-  }
+  if (o.schedule == Schedule::kAdaptive && !ck.resuming()) init_adaptive(o, mb, s_eff, schedule);
   const SviPosition at = ck.svi_position();  // where a resumed run continues (zeros if fresh)
   if (ck.resuming()) schedule.restore(at.tau, at.hbar, ck.gbar());
   int decreases = at.decreases;
@@ -894,11 +956,11 @@ FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress
       ck.svi_step({epoch, step, t, decreases, sum, rho, schedule.tau(), schedule.hbar()},
                   o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
                   elapsed());
-      const std::int64_t rows = minibatch(perm, step);
+      const std::int64_t rows = mb.step(perm, step);
       const double elbo_t = model.elbo(batch);  // Bruno 2022, eq. 2.52, at the current lambda
       if (!std::isfinite(elbo_t))
         throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
-      natural_gradient();
+      mb.natural_gradient(s_eff);
       rho = schedule.next(++t, grad);
       s_eff.interpolate(batch, rho);
       comm.agree([&] { model.update(s_eff); });
@@ -921,26 +983,9 @@ FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress
         paused += seconds_since(p0);
       }
     }
-    const double avg = sum / static_cast<double>(n);
-    const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                               : rel_change(avg, res.epoch_trace.back());
-    if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
-    res.epoch_trace.push_back(avg);
-    res.iterations = epoch + 1;
     res.steps = t;
-    if (progress) progress({epoch + 1, avg, rel, elapsed(), rho, t});
-    // The stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the epoch-average
-    // ELBO changes by less than tol, or has decreased for three consecutive epochs.
-    if (epoch > 0 && rel < o.tol) {
-      res.converged = true;
-      res.stop_reason = "tol";
+    if (end_epoch(o, progress, epoch, sum / static_cast<double>(n), elapsed(), rho, decreases, res))
       break;
-    }
-    if (decreases >= 3) {
-      res.converged = true;
-      res.stop_reason = "elbo-decreased";
-      break;
-    }
   }
   // The final full ELBO: one pass over every row under the final lambda.
   full_pass(comm, src, model, stats, resp_out);
