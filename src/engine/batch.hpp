@@ -5,9 +5,12 @@
 //
 //   local step      model.local_step(stats, terms)   each rank, its own rows, any thread count:
 //                   the expected sufficient statistics of its rows, and one objective term per row
-//   exact reduction comm.allreduce_sum(stats.words())  integers, so the sum is independent of the
-//                   split of rows over ranks and threads
-//   objective       exact_sum(terms) + model.global_objective()   of the current parameters
+//   exact reduction reduce(stats, Reducer(comm))      integers (Stats::words(), or the model's own
+//                   Stats::reduce), so the sum is independent of the split of rows over ranks
+//                   and threads (engine/reduce.hpp)
+//   objective       exact_sum(terms) + model.global_objective()   of the current parameters, or
+//                   model.objective(stats) for a model whose objective is a function of the
+//                   summed statistics (e.g. the mixture's ELBO, Bishop 2006, eqs 10.70-10.77)
 //   global update   model.update(stats)               the M-step / CAVI update of the globals
 //
 // The objective reported at iteration t is that of the parameters the local step used, so a
@@ -35,22 +38,33 @@
 
 namespace caviar::engine {
 
-// What a batch conjugate model provides. Stats::words() is the integer representation of the
-// statistics that the engine sums over ranks (e.g. core/fixed_point.hpp's FixedPointCounts).
+// The objective of a batch model: one term per row plus global_objective() (the terms summed
+// exactly over ranks), or objective(stats), a function of the summed statistics alone (then the
+// local step leaves `terms` empty: the driver passes none).
+template <class M>
+concept StatsObjective = requires(const M& cm, const typename M::Stats& s) {
+  { cm.objective(s) } -> std::convertible_to<double>;
+};
+template <class M>
+concept RowObjective = requires(const M& cm) {
+  { cm.global_objective() } -> std::convertible_to<double>;
+};
+
+// What a batch conjugate model provides. Its Stats are summed over ranks by engine/reduce.hpp's
+// reduce(): integer words, or the model's own exact protocol.
 template <class M>
 concept BatchModel = requires(M& m, const M& cm, typename M::Stats& s, std::span<double> terms,
                               StateWriter& w, const StateReader& r) {
   { cm.make_stats() } -> std::same_as<typename M::Stats>;
-  { s.words() } -> std::same_as<std::span<std::int64_t>>;
   s.set_zero();
   { cm.n_local_rows() } -> std::convertible_to<std::int64_t>;
   m.local_step(s, terms);
-  { cm.global_objective() } -> std::convertible_to<double>;
   m.update(std::as_const(s));
   cm.save(w);
   m.load(r);
   { m.local_states() } -> std::same_as<std::vector<LocalState>>;
-};
+}
+&&ReducibleStats<typename M::Stats> && (StatsObjective<M> || RowObjective<M>);
 
 // What every driver is given: where the fit runs, and how it stops, checkpoints and reports.
 struct Run {
@@ -60,6 +74,9 @@ struct Run {
   RowRange rows;                 // this rank's rows of the data
   std::int64_t global_rows = 0;  // every rank's
   Progress progress;             // called on every rank after each iteration or pass (may be empty)
+  // What the objective is called in the error raised when it is not finite ("the <name> is not
+  // finite at iteration t"), e.g. "ELBO" or "log-likelihood".
+  std::string objective_name = "objective";
   std::function<double()>
       heldout;                    // collective held-out metric of the current state (may be empty)
   std::vector<Counter> counters;  // carried across a resume (engine/checkpoint.hpp)
@@ -84,6 +101,16 @@ inline void record(const BatchRun& run, FitClock& clock, int it, double f, RunRe
 void finish(const Comm& comm, double local_seconds, double reduce_seconds, FitClock& clock,
             RunResult& res);
 
+// The objective of the current parameters, given the summed statistics and this rank's terms.
+template <class M>
+double objective(const Comm& comm, const M& model, const typename M::Stats& s,
+                 std::span<const double> terms) {
+  if constexpr (StatsObjective<M>)
+    return model.objective(s);
+  else
+    return exact_sum(comm, terms) + model.global_objective();
+}
+
 class Stopwatch {
  public:
   double seconds() const {
@@ -106,7 +133,7 @@ RunResult fit_batch(M& model, const BatchRun& run) {
   res.trace = ck.trace();
   FitClock clock(ck.elapsed());
   auto stats = model.make_stats();
-  std::vector<double> terms(static_cast<std::size_t>(model.n_local_rows()));
+  std::vector<double> terms(StatsObjective<M> ? 0 : static_cast<std::size_t>(model.n_local_rows()));
   double local_seconds = 0, reduce_seconds = 0;
   for (int it = ck.iteration();; ++it) {
     // Iteration boundary: may checkpoint, or stop on a signal (every rank at once).
@@ -118,11 +145,12 @@ RunResult fit_batch(M& model, const BatchRun& run) {
     model.local_step(stats, terms);
     local_seconds += local.seconds();
     const detail::Stopwatch reduce;
-    comm.allreduce_sum(stats.words());
+    engine::reduce(stats, Reducer(comm));
     reduce_seconds += reduce.seconds();
-    const double f = exact_sum(comm, terms) + model.global_objective();
+    const double f = detail::objective(comm, model, std::as_const(stats), terms);
     if (!std::isfinite(f))
-      throw Error("the objective is not finite at iteration " + std::to_string(it));
+      throw Error("the " + run.objective_name + " is not finite at iteration " +
+                  std::to_string(it));
     const double prev = res.trace.objective.empty() ? std::numeric_limits<double>::quiet_NaN()
                                                     : res.trace.objective.back();
     detail::record(run, clock, it, f, res);

@@ -9,7 +9,7 @@
 //                   minibatches for any number of ranks
 //   each minibatch  B = the next batch_size positions of the permutation
 //     local step      model.local_step(stats, terms, rows)   each rank, the rows of B it owns
-//     exact reduction comm.allreduce_sum(stats.words())      integers: independent of the split
+//     exact reduction reduce(stats, Reducer(comm))           integers: independent of the split
 //     global step     model.update_stochastic(stats, rho_t, N / |B|): the natural-gradient step
 //                     lambda <- (1 - rho_t) lambda + rho_t (prior + N / |B| stats), with
 //                     rho_t = (tau0 + t)^-kappa for the t-th minibatch, t = 1, 2, ... (Robbins &
@@ -49,14 +49,14 @@ concept StochasticModel = requires(M& m, const M& cm, typename M::Stats& s, std:
                                    std::span<const std::int64_t> rows, StateWriter& w,
                                    const StateReader& r, double x) {
   { cm.make_stats() } -> std::same_as<typename M::Stats>;
-  { s.words() } -> std::same_as<std::span<std::int64_t>>;
   s.set_zero();
   m.local_step(s, terms, rows);
   { cm.global_objective() } -> std::convertible_to<double>;
   m.update_stochastic(std::as_const(s), x, x);  // (stats, rho, N / |B|)
   cm.save(w);
   m.load(r);
-};
+}
+&&ReducibleStats<typename M::Stats>;
 
 struct Schedule {
   std::int64_t batch_size = 100;  // rows per global minibatch
@@ -99,7 +99,7 @@ RunResult fit_stochastic(M& model, const StochasticRun& run) {
       model.local_step(stats, terms, std::as_const(rows));
       local_seconds += local.seconds();
       const detail::Stopwatch reduce;
-      comm.allreduce_sum(stats.words());
+      engine::reduce(stats, Reducer(comm));
       reduce_seconds += reduce.seconds();
       pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
       const double t = static_cast<double>(static_cast<std::int64_t>(pass) * steps + step + 1);

@@ -28,46 +28,57 @@ Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
                            const std::vector<std::string>& inputs)
     : comm_(comm), o_(o), poller_(comm, checked_every(comm, o, inputs)) {}
 
-void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, const Model& model,
-                        const std::string& init) {
-  if (o_.checkpoint.empty() && o_.resume.empty()) return;
+ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& ref,
+                              const io::MatrixShape& shape, const Model& model,
+                              const std::string& init) {
   ckpt::Fingerprint fp("gmm");
   const Prior& pr = model.prior();
-  fp.add("algorithm", to_string(o_.algorithm), "--algorithm");
-  fp.add("covariance", to_string(o_.covariance), "--covariance");
+  fp.add("algorithm", to_string(o.algorithm), "--algorithm");
+  fp.add("covariance", to_string(o.covariance), "--covariance");
   fp.add("weights", to_string(pr.weights), "--weights");
-  fp.add("components", static_cast<std::int64_t>(o_.components), "--components");
+  fp.add("components", static_cast<std::int64_t>(o.components), "--components");
   fp.add("dim", static_cast<std::int64_t>(shape.cols), "data dimension D =");
-  ckpt::add_data(fp, comm_, "--data", ref, shape);
-  fp.add("seed", static_cast<std::int64_t>(o_.seed), "--seed");
+  ckpt::add_data(fp, comm, "--data", ref, shape);
+  fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
   fp.add("init", init, "--init");
   if (init == "kmeans++")
-    fp.add("kmeans_iter", static_cast<std::int64_t>(o_.kmeans_iter), "--kmeans-iter");
+    fp.add("kmeans_iter", static_cast<std::int64_t>(o.kmeans_iter), "--kmeans-iter");
   fp.add("alpha0", pr.alpha0, "--alpha0");
   fp.add("beta0", pr.beta0, "--beta0");
   fp.add("nu0", pr.nu0, "--nu0");
-  fp.add("prior_mean", o_.prior_mean, "--prior-mean");
-  fp.add("prior_scale", o_.prior_scale, "--prior-scale");
-  if (o_.algorithm == Algorithm::kEm) fp.add("reg_covar", o_.reg_covar, "--reg-covar");
-  if (o_.algorithm == Algorithm::kSvi) {
-    fp.add("batch_size", static_cast<std::int64_t>(o_.batch_size), "--batch-size");
-    fp.add("schedule", to_string(o_.schedule), "--schedule");
-    fp.add("omega", o_.omega, "--omega");
-    fp.add("delta", o_.delta, "--delta");
-    fp.add("tau0", o_.tau0, "--tau0");
-    fp.add("full_elbo_every", static_cast<std::int64_t>(o_.full_elbo_every), "--full-elbo-every");
+  fp.add("prior_mean", o.prior_mean, "--prior-mean");
+  fp.add("prior_scale", o.prior_scale, "--prior-scale");
+  if (o.algorithm == Algorithm::kEm) fp.add("reg_covar", o.reg_covar, "--reg-covar");
+  if (o.algorithm == Algorithm::kSvi) {
+    fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
+    fp.add("schedule", to_string(o.schedule), "--schedule");
+    fp.add("omega", o.omega, "--omega");
+    fp.add("delta", o.delta, "--delta");
+    fp.add("tau0", o.tau0, "--tau0");
+    fp.add("full_elbo_every", static_cast<std::int64_t>(o.full_elbo_every), "--full-elbo-every");
     // What a mid-epoch checkpoint's epoch_sum means. Checkpoints written before the epoch average
     // was taken over rows (a plain mean of the steps) lack this key and are refused, as their
     // partial sum cannot be continued.
     fp.add("epoch_average", "per-row", "", "the epoch-average ELBO is accumulated differently");
   }
   // Plain double sums change with the summation order, hence the last bits.
-  fp.add("fast_reduce", static_cast<std::int64_t>(o_.fast_reduce), "--fast-reduce");
-  fp.add("precision", to_string(o_.precision), "--precision");
+  fp.add("fast_reduce", static_cast<std::int64_t>(o.fast_reduce), "--fast-reduce");
+  fp.add("precision", to_string(o.precision), "--precision");
   // Streaming changes how rows are grouped into partial sums (with --fast-reduce).
-  fp.add("stream", static_cast<std::int64_t>(o_.stream), "--stream");
-  if (o_.stream) fp.add("chunk_rows", static_cast<std::int64_t>(o_.chunk_rows), "--chunk-rows");
-  fp_ = std::move(fp);
+  fp.add("stream", static_cast<std::int64_t>(o.stream), "--stream");
+  if (o.stream) fp.add("chunk_rows", static_cast<std::int64_t>(o.chunk_rows), "--chunk-rows");
+  if (o.algorithm != Algorithm::kSvi)
+    // The batch fits' checkpoints are the engine's (engine/checkpoint.hpp: the statistics under
+    // model/stats). Older ones kept them at /stats: they lack this entry, and a resume from one
+    // stops with "its fingerprint lacks 'layout' (written by another version?)".
+    fp.add("layout", std::string("engine"), "the checkpoint layout");
+  return fp;
+}
+
+void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, const Model& model,
+                        const std::string& init) {
+  if (o_.checkpoint.empty() && o_.resume.empty()) return;
+  fp_ = fingerprint(comm_, o_, ref, shape, model, init);
   if (o_.resume.empty()) return;
 
   State s;
@@ -88,7 +99,7 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
     s.res.steps = count("steps", ckpt::kMaxCount);
     s.res.trace = ckpt::read_vec(r, "/trace/objective");
     s.res.seconds_trace = ckpt::read_vec(r, "/trace/seconds");
-    if (o_.algorithm == Algorithm::kSvi) {
+    {
       SviPosition& p = s.svi;
       p.epoch = static_cast<int>(count("epoch", INT_MAX));
       p.step = count("step", ckpt::kMaxCount);
@@ -109,12 +120,10 @@ void Checkpointer::open(const io::DataRef& ref, const io::MatrixShape& shape, co
       if (p.epoch < 0 || p.step < 0 || p.t < 0 || s.res.trace.size() != std::size_t(p.t) ||
           s.res.rho_trace.size() != std::size_t(p.t))
         throw Error(bad + "its SVI position and traces disagree (corrupt checkpoint?)");
-    } else if (s.iteration < 0 || s.res.trace.size() != std::size_t(s.iteration)) {
-      throw Error(bad + "its iteration and trace disagree (corrupt checkpoint?)");
     }
   });
   // The boundary we resume at was the one saved: no need to save it again by count.
-  poller_.skip_count_at(o_.algorithm == Algorithm::kSvi ? s.svi.t : s.iteration);
+  poller_.skip_count_at(s.svi.t);
   state_ = std::move(s);
 }
 
@@ -153,12 +162,6 @@ void Checkpointer::boundary(std::int64_t done, Where&& where, W&& write_at) {
   if (d.signal != 0) ckpt::stop(d.signal, where(), o_.checkpoint);
 }
 
-void Checkpointer::iteration(int it, const Stats& stats, const FitResult& res, double elapsed) {
-  boundary(
-      it, [&] { return "before iteration " + std::to_string(it); },
-      [&] { write(it, nullptr, nullptr, stats, res, elapsed); });
-}
-
 void Checkpointer::svi_step(const SviPosition& pos, const Stats* gbar, const Stats& s_eff,
                             const FitResult& res, double elapsed) {
   boundary(
@@ -167,10 +170,10 @@ void Checkpointer::svi_step(const SviPosition& pos, const Stats* gbar, const Sta
         return "after step " + std::to_string(pos.t) + " (epoch " + std::to_string(pos.epoch + 1) +
                ", step " + std::to_string(pos.step) + " of the epoch done)";
       },
-      [&] { write(pos.epoch, &pos, gbar, s_eff, res, elapsed); });
+      [&] { write(pos.epoch, pos, gbar, s_eff, res, elapsed); });
 }
 
-void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gbar,
+void Checkpointer::write(int iteration, const SviPosition& svi, const Stats* gbar,
                          const Stats& stats, const FitResult& res, double elapsed) const {
   comm_.on_root([&] {
     io::FileWriter w(o_.checkpoint);
@@ -182,22 +185,20 @@ void Checkpointer::write(int iteration, const SviPosition* svi, const Stats* gba
     w.attr("iterations", static_cast<std::int64_t>(res.iterations));
     w.attr("steps", res.steps);
     w.attr("elapsed", elapsed);
-    if (svi) {
-      w.attr("epoch", static_cast<std::int64_t>(svi->epoch));
-      w.attr("step", svi->step);
-      w.attr("t", svi->t);
-      w.attr("decreases", static_cast<std::int64_t>(svi->decreases));
-      w.attr("epoch_sum", svi->epoch_sum);
-      w.attr("rho", svi->rho);
-      w.attr("tau", svi->tau);
-      w.attr("hbar", svi->hbar);
-      if (gbar) ckpt::write_vec(w, "svi/gbar", gbar->buffer());
-      ckpt::write_vec(w, "trace/epoch_elbo", res.epoch_trace);
-      ckpt::write_vec(w, "trace/rho", res.rho_trace);
-      ckpt::write_vec(w, "trace/full_elbo", res.full_elbo);
-      ckpt::write_vec(w, "trace/full_elbo_seconds", res.full_elbo_seconds);
-      ckpt::write_vec(w, "trace/full_elbo_step", res.full_elbo_step);
-    }
+    w.attr("epoch", static_cast<std::int64_t>(svi.epoch));
+    w.attr("step", svi.step);
+    w.attr("t", svi.t);
+    w.attr("decreases", static_cast<std::int64_t>(svi.decreases));
+    w.attr("epoch_sum", svi.epoch_sum);
+    w.attr("rho", svi.rho);
+    w.attr("tau", svi.tau);
+    w.attr("hbar", svi.hbar);
+    if (gbar) ckpt::write_vec(w, "svi/gbar", gbar->buffer());
+    ckpt::write_vec(w, "trace/epoch_elbo", res.epoch_trace);
+    ckpt::write_vec(w, "trace/rho", res.rho_trace);
+    ckpt::write_vec(w, "trace/full_elbo", res.full_elbo);
+    ckpt::write_vec(w, "trace/full_elbo_seconds", res.full_elbo_seconds);
+    ckpt::write_vec(w, "trace/full_elbo_step", res.full_elbo_step);
     // Provenance only (not compared on resume).
     w.attr("data", o_.data);
     w.attr("ranks", static_cast<std::int64_t>(comm_.size()));

@@ -1,25 +1,21 @@
 #pragma once
-// Checkpoint and resume of `caviar gmm fit` (CAVI, SVI, EM), and its stop-signal handling. The
-// fit loop calls the hooks below at each iteration boundary (CAVI/EM: before an iteration's
-// E-step; SVI: before a step); see inference/checkpoint.hpp for what every model must do to keep
-// the guarantees.
+// Checkpoint and resume of `caviar gmm fit --algorithm svi`, and its stop-signal handling. The
+// batch fits (CAVI, EM) use the engine's checkpoint (engine/checkpoint.hpp, through
+// engine::fit_batch); both share the fingerprint below. The SVI loop calls svi_step at each step
+// boundary; see inference/checkpoint.hpp for what every model must do to keep the guarantees.
 //
 // State saved at a boundary, enough for a bitwise-identical continuation at the same rank and
 // thread count:
-//  - the summed statistics S the model was last updated from: update() is a deterministic,
-//    history-free function of (prior, shift, S), and prior and shift are recomputed from the same
-//    data and options (CAVI/EM: the last E-step's statistics; SVI: s_eff = lambda - prior);
-//  - the position: the next CAVI/EM iteration, or the SVI epoch, the next step inside it, the
-//    steps done t, the epoch's running ELBO sum and last rho, and the count of decreasing epochs;
-//  - SVI's schedule state: tau, g_bar (a Stats) and h_bar of the adaptive rate (Robbins-Monro
+//  - s_eff = lambda - prior, the statistics the model was last updated from: update() is a
+//    deterministic, history-free function of (prior, shift, S), and prior and shift are
+//    recomputed from the same data and options;
+//  - the position: the epoch, the next step inside it, the steps done t, the epoch's running ELBO
+//    sum and last rho, and the count of decreasing epochs;
+//  - the schedule state: tau, g_bar (a Stats) and h_bar of the adaptive rate (Robbins-Monro
 //    needs only t); the minibatches are keyed by (seed, epoch, position), so nothing else;
 //  - the traces (objective, seconds, epoch averages, rho, full-ELBO checks) and the elapsed
 //    fitting seconds;
-//  - a fingerprint: model gmm, algorithm, covariance, weight prior, K, D, the data's shape and
-//    sampled-rows identity (ckpt::data_identity), seed, init, and every option that changes the
-//    result (priors as resolved, reg_covar, SVI batch size and schedule, stream and chunk rows).
-//    Options that only decide when to stop (--max-iter, --tol) or what to write (--out,
-//    --labels, --heldout) may differ.
+//  - the fingerprint (fingerprint() below).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +27,16 @@
 #include "io/h5.hpp"
 
 namespace caviar::gmm {
+
+// What a resumed fit must share with the run that wrote the checkpoint (collective): model gmm,
+// algorithm, covariance, weight prior, K, D, the data's shape and sampled-rows identity
+// (ckpt::data_identity), seed, init, and every option that changes the result (priors as
+// resolved, reg_covar, SVI batch size and schedule, stream and chunk rows; for the batch fits,
+// the engine's layout). Options that only decide when to stop (--max-iter, --tol) or what to
+// write (--out, --labels, --heldout) may differ.
+ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& ref,
+                              const io::MatrixShape& shape, const Model& model,
+                              const std::string& init);
 
 // SVI's position and schedule scalars at a step boundary.
 struct SviPosition {
@@ -61,14 +67,12 @@ class Checkpointer {
   double elapsed() const { return resuming() ? state_->elapsed : 0.0; }
   // Resuming: the traces and counters of the result so far (no-op otherwise).
   void restore(FitResult& res) const;
-  int first_iteration() const { return resuming() ? state_->iteration : 0; }  // CAVI/EM
   SviPosition svi_position() const { return resuming() ? state_->svi : SviPosition{}; }
   // Resuming with the adaptive schedule: its g_bar (empty otherwise).
   const std::vector<double>& gbar() const;
 
-  // Boundary hooks (every rank, same place): poll the stop signal (one allreduce), write the
-  // checkpoint when due, and on a signal throw ckpt::Preempted on every rank.
-  void iteration(int it, const Stats& stats, const FitResult& res, double elapsed);
+  // The boundary hook (every rank, same place): polls the stop signal (one allreduce), writes the
+  // checkpoint when due, and on a signal throws ckpt::Preempted on every rank.
   void svi_step(const SviPosition& pos, const Stats* gbar, const Stats& s_eff, const FitResult& res,
                 double elapsed);
 
@@ -83,7 +87,7 @@ class Checkpointer {
   // Polls; writes (via write_at) when due; throws Preempted on a signal.
   template <class Where, class W>
   void boundary(std::int64_t done, Where&& where, W&& write_at);
-  void write(int iteration, const SviPosition* svi, const Stats* gbar, const Stats& stats,
+  void write(int iteration, const SviPosition& svi, const Stats* gbar, const Stats& stats,
              const FitResult& res, double elapsed) const;
 
   const Comm& comm_;

@@ -3,15 +3,19 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "data/block_sum.hpp"
 #include "data/minibatch.hpp"
+#include "engine/batch.hpp"
+#include "engine/checkpoint.hpp"
 #include "inference/gmm_checkpoint.hpp"
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "io/h5_stream.hpp"
+#include "models/gmm/batch.hpp"
 #include "models/gmm/init.hpp"
 #include "models/gmm/sample.hpp"
 
@@ -185,20 +189,6 @@ Stats new_stats(const FitOptions& o, const Model& model, const Moments& mom, std
   Stats s = model.make_stats();
   if (!o.fast_reduce) s.make_exact(model.exact_exponents(static_cast<double>(n), mom.max_abs));
   return s;
-}
-
-// Completes a pass: sums the statistics over ranks (comm == nullptr: every rank already holds
-// the same rows, as an SVI minibatch gathered to all ranks). Exact: Stats::finish_exact, with
-// one allreduce_max for the log-normalisers' grid and one Int128 allreduce. Fast: one allreduce
-// of the doubles.
-void reduce(const Comm* comm, Stats& s, std::int64_t n_rows) {
-  if (!s.exact()) {
-    if (comm) comm->allreduce_sum(s.buffer());
-    return;
-  }
-  if (!comm) return s.finish_exact(n_rows);
-  s.finish_exact(n_rows, {[&](double v) { return comm->allreduce_max(v); },
-                          [&](std::span<Int128> v) { comm->allreduce_sum(v); }});
 }
 
 // Runs f(x, first_row) over the source's chunks; an Error thrown by f on one rank is agreed on
@@ -392,7 +382,7 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
       comm.agree([&] { model.accumulate(x, r, stats); });
     });
   }
-  reduce(&comm, stats, src.shape().rows);
+  reduce(stats, src.shape().rows, engine::Reducer(comm));
   double mass = 0;
   for (int j = 0; j < k; ++j) mass += stats.n(j);
   if (!(mass > 0))
@@ -407,7 +397,7 @@ void full_pass(const Comm& comm, const Source& src, const Model& model, Stats& s
   stats.set_zero();
   each_chunk_agreed(
       comm, src, [&](const RowMatrix& x, std::int64_t) { model.local_step(x, stats, resp_out); });
-  reduce(&comm, stats, src.shape().rows);
+  reduce(stats, src.shape().rows, engine::Reducer(comm));
 }
 
 void write_matrices(io::FileWriter& w, const std::string& name, const std::vector<MatrixXd>& ms,
@@ -638,7 +628,7 @@ double heldout_score(const Comm& comm, const Model& model, const std::string& da
   Stats total(0, 0, model.covariance());  // just log_norm and rows
   total.make_exact({bound_exponent(0), bound_exponent(0)});
   total.exact_part().block_log_norms = std::move(blocks);
-  reduce(&comm, total, src.shape().rows);
+  reduce(total, src.shape().rows, engine::Reducer(comm));
   if (!std::isfinite(total.log_norm())) throw Error("the held-out score is not finite");
   if (n_out) *n_out = src.shape().rows;
   return total.log_norm() / static_cast<double>(src.shape().rows);
@@ -725,195 +715,299 @@ struct Start {
   RowMatrix resp;
 };
 
-Start fit_start(const Comm& comm, const FitOptions& o, const Progress& progress,
-                const io::DataRef& ref, const std::string& init, const Source& src,
-                const Moments& mom, Checkpointer& ck, std::chrono::steady_clock::time_point t0) {
-  using Clock = std::chrono::steady_clock;
-  double paused = 0;  // seconds spent on diagnostics (full-ELBO checkpoints), not fitting
-  auto elapsed = [&] { return seconds_since(t0) - paused; };
-  const std::int64_t n = src.shape().rows;
-  const int d = static_cast<int>(src.shape().cols);
-  const Estimator est =
-      o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
-  Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean, est, o.reg_covar);
-  model.set_precision(o.precision);
-  ck.open(ref, src.shape(), model, init);
+// The checkpointers of a fit: the engine's for the batch fits, the SVI driver's own for SVI.
+struct Checkpoints {
+  std::optional<engine::Checkpointer> batch;
+  std::optional<Checkpointer> svi;
+};
 
+// What every start of a fit shares: the data, its moments, the checkpoints, and when it began.
+struct Setup {
+  const Comm& comm;
+  const io::DataRef& ref;
+  const std::string& init;
+  const Source& src;
+  const Moments& mom;
+  Checkpoints& ck;
+  std::chrono::steady_clock::time_point t0;
+};
+
+double rel_change(double now, double before) {
+  return std::abs(now - before) / std::max(std::abs(now), 1e-300);
+}
+
+// The allreduce share of the iterations (docs/performance.md): the rank that waits least is
+// closest to the pure cost of communication, the one that waits most adds the load imbalance.
+void allreduce_share(const Comm& comm, double allreduce_start, FitResult& res) {
+  const auto waits = comm.allgather(Comm::allreduce_seconds() - allreduce_start);
+  res.allreduce_seconds_min = *std::min_element(waits.begin(), waits.end());
+  res.allreduce_seconds_max = *std::max_element(waits.begin(), waits.end());
+}
+
+// The engine's per-iteration report as the GMM's progress line (with the relative change from
+// the previous iteration, also across a resume).
+engine::Progress batch_progress(const engine::Checkpointer& ck, const Progress& progress) {
+  if (!progress) return {};
+  const std::vector<double> before = ck.trace().objective;
+  auto prev = std::make_shared<double>(before.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                                      : before.back());
+  return [progress, prev](const engine::Report& r) {
+    const double rel = std::isnan(*prev) ? *prev : rel_change(r.objective, *prev);
+    *prev = r.objective;
+    progress({r.iteration, r.objective, rel, r.seconds});
+  };
+}
+
+// CAVI (Bishop 2006, section 10.2) or EM (Bishop 2006, section 9.2) on the engine's batch driver:
+// the E-step over all rows, the exact reduction, the M-step (models/gmm/batch.hpp).
+FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& progress, Model& model,
+                      RowMatrix* resp) {
+  const Comm& comm = su.comm;
+  const std::int64_t n = su.src.shape().rows;
+  engine::Checkpointer& ck = *su.ck.batch;
+  // The data's identity is read only when a checkpoint is written or resumed from.
+  ck.open(o.checkpoint.empty() && o.resume.empty()
+              ? ckpt::Fingerprint("gmm")
+              : fingerprint(comm, o, su.ref, su.src.shape(), model, su.init));
+  const auto each = [&](const std::function<void(const RowMatrix&)>& f) {
+    each_chunk_agreed(comm, su.src, [&](const RowMatrix& x, std::int64_t) { f(x); });
+  };
+  BatchFit fit(model, n, su.src.range().size(),
+               o.fast_reduce ? std::vector<int>{}
+                             : model.exact_exponents(static_cast<double>(n), su.mom.max_abs),
+               each, resp);
+  // lambda_0: the M-step from the initial responsibilities (a resumed fit loads its own).
+  if (!ck.resuming()) {
+    const Stats start = initial_stats(comm, o, su.init, su.src, model, su.mom);
+    comm.agree([&] { fit.update(start); });
+  }
+  engine::BatchRun run;
+  run.comm = &comm;
+  run.stop = {o.max_iter, o.tol};
+  run.checkpoint = &ck;
+  run.rows = su.src.range();
+  run.global_rows = n;
+  run.progress = batch_progress(ck, progress);
+  run.objective_name = o.algorithm == Algorithm::kEm ? "log-likelihood" : "ELBO";
+  const double allreduce_start = Comm::allreduce_seconds();
+  engine::RunResult r = engine::fit_batch(fit, run);
+  FitResult res;
+  res.trace = std::move(r.trace.objective);
+  res.seconds_trace = std::move(r.trace.seconds);
+  res.iterations = r.iterations;
+  res.converged = r.converged;
+  res.stop_reason = r.converged ? "tol" : "max-iter";
+  res.elbo = res.trace.back();
+  res.loop_seconds = r.seconds;  // continued across a resume, as the trace's seconds
+  res.seconds = seconds_since(su.t0) + ck.elapsed();
+  allreduce_share(comm, allreduce_start, res);
+  return res;
+}
+
+// SVI's minibatches (Hoffman et al. 2013): the E-step over one minibatch under the current
+// lambda, its statistics summed over ranks and scaled by N/|b| (whose log_norm then gives the
+// stochastic ELBO of Bruno 2022, eq. 2.52), and the noisy natural gradient it gives.
+class Minibatches {
+ public:
+  Minibatches(const Comm& comm, const FitOptions& o, const Source& src, const Model& model,
+              const Moments& mom)
+      : comm_(comm),
+        o_(o),
+        src_(src),
+        model_(model),
+        n_(src.shape().rows),
+        size_(std::min<std::int64_t>(o.batch_size, n_)),
+        batch_(new_stats(o, model, mom, n_)),
+        grad_(model.make_stats()) {}
+
+  std::int64_t rows() const { return n_; }
+  std::int64_t steps_per_epoch() const { return (n_ + size_ - 1) / size_; }
+  const Stats& batch() const { return batch_; }
+  const Stats& gradient() const { return grad_; }
+
+  // The statistics of minibatch `step` of the permutation into batch(); returns |b| (B, or
+  // N mod B on an epoch's last step).
+  std::int64_t step(const EpochPermutation& perm, std::int64_t step) {
+    std::int64_t size = 0;
+    const auto rows = minibatch_rows(perm, n_, size_, step, src_.range(), &size);
+    batch_.set_zero();
+    if (o_.fast_reduce) {
+      const RowMatrix xb = src_.gather(rows);
+      comm_.agree([&] { model_.local_step(xb, batch_); });
+      reduce(batch_, n_, engine::Reducer(comm_));
+    } else {
+      // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
+      // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
+      // independent split of a few hundred rows into exact blocks does not exist. Only the
+      // rows travel (B x D), not the statistics (K x D^2).
+      const RowMatrix mine = src_.gather(rows);
+      const std::vector<double> all = comm_.allgatherv(
+          std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
+      const Eigen::Index cols = src_.shape().cols;
+      const RowMatrix xb = Eigen::Map<const RowMatrix>(
+          all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
+      comm_.agree([&] { model_.local_step(xb, batch_); });
+      reduce(batch_, n_, engine::Reducer::local());
+    }
+    batch_ *= static_cast<double>(n_) / static_cast<double>(size);
+    return size;
+  }
+
+  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49), into gradient().
+  void natural_gradient(const Stats& s_eff) {
+    for (std::size_t i = 0; i < grad_.buffer().size(); ++i)
+      grad_.buffer()[i] = batch_.buffer()[i] - s_eff.buffer()[i];
+  }
+
+ private:
+  const Comm& comm_;
+  const FitOptions& o_;
+  const Source& src_;
+  const Model& model_;
+  std::int64_t n_, size_;
+  Stats batch_, grad_;
+};
+
+// Adaptive step size: initialises g_bar and h_bar from Monte Carlo estimates of the noisy natural
+// gradient, min(tau0, one epoch) minibatches of a separate draw (Ranganath et al. 2013; Bruno
+// 2022, section 2.2.2).
+void init_adaptive(const FitOptions& o, Minibatches& mb, const Stats& s_eff, StepSize& schedule) {
+  const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), mb.steps_per_epoch());
+  const EpochPermutation perm(static_cast<std::uint64_t>(mb.rows()), o.seed, 0xFFFFFFFFu);
+  std::vector<Stats> gs;
+  for (std::int64_t i = 0; i < n_mc; ++i) {
+    mb.step(perm, i);
+    mb.natural_gradient(s_eff);
+    gs.push_back(mb.gradient());
+  }
+  schedule.init_adaptive(gs);
+}
+
+// The end of SVI epoch `epoch` (0-based) with epoch-average ELBO avg: records and reports it, and
+// applies the stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the average
+// changes by less than tol, or has decreased for three consecutive epochs. Returns whether to
+// stop; res.steps must hold the steps done.
+bool end_epoch(const FitOptions& o, const Progress& progress, int epoch, double avg, double seconds,
+               double rho, int& decreases, FitResult& res) {
+  const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
+                                             : rel_change(avg, res.epoch_trace.back());
+  if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
+  res.epoch_trace.push_back(avg);
+  res.iterations = epoch + 1;
+  if (progress) progress({epoch + 1, avg, rel, seconds, rho, res.steps});
+  if (epoch > 0 && rel < o.tol) {
+    res.converged = true;
+    res.stop_reason = "tol";
+    return true;
+  }
+  if (decreases >= 3) {
+    res.converged = true;
+    res.stop_reason = "elbo-decreased";
+    return true;
+  }
+  return false;
+}
+
+// SVI (Hoffman et al. 2013) with the Robbins-Monro or the adaptive step size, on its own loop
+// and checkpoint (inference/gmm_checkpoint.hpp).
+FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress, Model& model,
+                  RowMatrix* resp_out) {
+  using Clock = std::chrono::steady_clock;
+  const Comm& comm = su.comm;
+  const Source& src = su.src;
+  const Moments& mom = su.mom;
+  Checkpointer& ck = *su.ck.svi;
+  double paused = 0;  // seconds spent on diagnostics (full-ELBO checkpoints), not fitting
+  auto elapsed = [&] { return seconds_since(su.t0) - paused; };
+  const std::int64_t n = src.shape().rows;
+  ck.open(su.ref, src.shape(), model, su.init);
   // lambda_0: the M-step from the initial responsibilities.
-  Stats stats = ck.resuming() ? ck.stats(model) : initial_stats(comm, o, init, src, model, mom);
+  Stats stats = ck.resuming() ? ck.stats(model) : initial_stats(comm, o, su.init, src, model, mom);
   // A checkpoint holds the summed values only: passes after a resume sum exactly again.
   if (!o.fast_reduce && !stats.exact())
     stats.make_exact(model.exact_exponents(static_cast<double>(n), mom.max_abs));
   comm.agree([&] { model.update(stats); });
-
   FitResult res;
-  res.algorithm = o.algorithm;
-  res.n = n;
   ck.restore(res);
-  if (ck.resuming()) paused = seconds_since(t0) - ck.elapsed();  // elapsed() continues
-  Start out;
-  RowMatrix& resp = out.resp;
-  RowMatrix* resp_out = o.labels.empty() ? nullptr : &resp;
-  auto rel_change = [](double now, double before) {
-    return std::abs(now - before) / std::max(std::abs(now), 1e-300);
-  };
-
+  if (ck.resuming()) paused = seconds_since(su.t0) - ck.elapsed();  // elapsed() continues
   const double loop_start = elapsed(), allreduce_start = Comm::allreduce_seconds();
-  if (o.algorithm != Algorithm::kSvi) {
-    // CAVI (Bishop 10.2) or EM (Bishop 9.2): E-step over all rows, one allreduce, M-step.
-    for (int it = ck.first_iteration();; ++it) {
-      ck.iteration(it, stats, res, elapsed());  // may checkpoint, or stop on a signal
-      full_pass(comm, src, model, stats, resp_out);
-      const double obj = model.objective(stats);
-      const double rel = res.trace.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                           : rel_change(obj, res.trace.back());
-      res.trace.push_back(obj);
+  // SVI (Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
+  // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
+  // is S <- (1 - rho) S + rho (N/B) S_batch (Bruno 2022, eqs 2.50 and 2.53).
+  Stats s_eff = model.make_stats();
+  s_eff += stats;
+  Minibatches mb(comm, o, src, model, mom);
+  const Stats& batch = mb.batch();
+  const Stats& grad = mb.gradient();
+  const std::int64_t steps_per_epoch = mb.steps_per_epoch();
+  StepSize schedule(o, model);
+  if (o.schedule == Schedule::kAdaptive && !ck.resuming()) init_adaptive(o, mb, s_eff, schedule);
+  const SviPosition at = ck.svi_position();  // where a resumed run continues (zeros if fresh)
+  if (ck.resuming()) schedule.restore(at.tau, at.hbar, ck.gbar());
+  int decreases = at.decreases;
+  std::int64_t t = at.t;
+  res.stop_reason = "max-iter";
+  for (int epoch = at.epoch; epoch < o.max_iter; ++epoch) {
+    const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed,
+                                static_cast<std::uint32_t>(epoch));
+    const bool resumed = ck.resuming() && epoch == at.epoch;
+    double sum = resumed ? at.epoch_sum : 0, rho = resumed ? at.rho : 0;
+    for (std::int64_t step = resumed ? at.step : 0; step < steps_per_epoch; ++step) {
+      ck.svi_step({epoch, step, t, decreases, sum, rho, schedule.tau(), schedule.hbar()},
+                  o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
+                  elapsed());
+      const std::int64_t rows = mb.step(perm, step);
+      const double elbo_t = model.elbo(batch);  // Bruno 2022, eq. 2.52, at the current lambda
+      if (!std::isfinite(elbo_t))
+        throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
+      mb.natural_gradient(s_eff);
+      rho = schedule.next(++t, grad);
+      s_eff.interpolate(batch, rho);
+      comm.agree([&] { model.update(s_eff); });
+      // The epoch average is over the epoch's rows, not its steps: each step's estimate counts
+      // for its share |b|/N of them, so every row enters once, with its N/|b| scaling undone.
+      // A plain mean of the steps gave the last, short step (N mod B rows, scaled by
+      // N/(N mod B)) a whole step's weight: its sampling noise then dominated the epoch-to-
+      // epoch changes that the stopping rule below reads (5-35x on Fashion-MNIST at B = 64 to
+      // 1024, where N mod B is 32 to 608). With B dividing N both are the same mean.
+      sum += elbo_t * static_cast<double>(rows);
+      res.trace.push_back(elbo_t);
+      res.rho_trace.push_back(rho);
       res.seconds_trace.push_back(elapsed());
-      res.iterations = it;
-      if (progress) progress({it, obj, rel, elapsed()});
-      if (!std::isfinite(obj))
-        throw Error(std::string(o.algorithm == Algorithm::kEm ? "the log-likelihood" : "the ELBO") +
-                    " is not finite at iteration " + std::to_string(it));
-      if (it > 0 && rel < o.tol) {
-        res.converged = true;
-        res.stop_reason = "tol";
-        break;
-      }
-      if (it >= o.max_iter) {
-        res.stop_reason = "max-iter";
-        break;
-      }
-      comm.agree([&] { model.update(stats); });
-    }
-    res.elbo = res.trace.back();
-  } else {
-    // SVI (Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
-    // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
-    // is S <- (1 - rho) S + rho (N/B) S_batch (Bruno 2022, eqs 2.50 and 2.53).
-    Stats s_eff = model.make_stats(), grad = model.make_stats();
-    s_eff += stats;
-    Stats batch = new_stats(o, model, mom, n);
-    const std::int64_t bsz = std::min<std::int64_t>(o.batch_size, n);
-    const std::int64_t steps_per_epoch = (n + bsz - 1) / bsz;
-    // The E-step over one minibatch under the current lambda, summed over ranks and scaled by
-    // N/|b| into `batch` (whose log_norm then gives the stochastic ELBO of Bruno 2022, eq. 2.52).
-    // Returns |b| (B, or N mod B on an epoch's last step).
-    auto minibatch = [&](const EpochPermutation& perm, std::int64_t step) {
-      std::int64_t size = 0;
-      const auto rows = minibatch_rows(perm, n, bsz, step, src.range(), &size);
-      batch.set_zero();
-      if (o.fast_reduce) {
-        const RowMatrix xb = src.gather(rows);
-        comm.agree([&] { model.local_step(xb, batch); });
-        reduce(&comm, batch, n);
-      } else {
-        // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
-        // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
-        // independent split of a few hundred rows into exact blocks does not exist. Only the
-        // rows travel (B x D), not the statistics (K x D^2).
-        const RowMatrix mine = src.gather(rows);
-        const std::vector<double> all = comm.allgatherv(
-            std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
-        const Eigen::Index cols = src.shape().cols;
-        const RowMatrix xb = Eigen::Map<const RowMatrix>(
-            all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
-        comm.agree([&] { model.local_step(xb, batch); });
-        reduce(nullptr, batch, n);
-      }
-      batch *= static_cast<double>(n) / static_cast<double>(size);
-      return size;
-    };
-    auto natural_gradient = [&] {  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49)
-      for (std::size_t i = 0; i < grad.buffer().size(); ++i)
-        grad.buffer()[i] = batch.buffer()[i] - s_eff.buffer()[i];
-    };
-    StepSize schedule(o, model);
-    if (o.schedule == Schedule::kAdaptive && !ck.resuming()) {
-      // Monte Carlo initialisation from min(tau0, one epoch) minibatches of a separate draw.
-      const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), steps_per_epoch);
-      const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed, 0xFFFFFFFFu);
-      std::vector<Stats> gs;
-      for (std::int64_t i = 0; i < n_mc; ++i) {
-        minibatch(perm, i);
-        natural_gradient();
-        gs.push_back(grad);
-      }
-      schedule.init_adaptive(gs);
-    }
-    const SviPosition at = ck.svi_position();  // where a resumed run continues (zeros if fresh)
-    if (ck.resuming()) schedule.restore(at.tau, at.hbar, ck.gbar());
-    int decreases = at.decreases;
-    std::int64_t t = at.t;
-    res.stop_reason = "max-iter";
-    for (int epoch = at.epoch; epoch < o.max_iter; ++epoch) {
-      const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed,
-                                  static_cast<std::uint32_t>(epoch));
-      const bool resumed = ck.resuming() && epoch == at.epoch;
-      double sum = resumed ? at.epoch_sum : 0, rho = resumed ? at.rho : 0;
-      for (std::int64_t step = resumed ? at.step : 0; step < steps_per_epoch; ++step) {
-        ck.svi_step({epoch, step, t, decreases, sum, rho, schedule.tau(), schedule.hbar()},
-                    o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
-                    elapsed());
-        const std::int64_t rows = minibatch(perm, step);
-        const double elbo_t = model.elbo(batch);  // Bruno 2022, eq. 2.52, at the current lambda
-        if (!std::isfinite(elbo_t))
-          throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
-        natural_gradient();
-        rho = schedule.next(++t, grad);
-        s_eff.interpolate(batch, rho);
-        comm.agree([&] { model.update(s_eff); });
-        // The epoch average is over the epoch's rows, not its steps: each step's estimate counts
-        // for its share |b|/N of them, so every row enters once, with its N/|b| scaling undone.
-        // A plain mean of the steps gave the last, short step (N mod B rows, scaled by
-        // N/(N mod B)) a whole step's weight: its sampling noise then dominated the epoch-to-
-        // epoch changes that the stopping rule below reads (5-35x on Fashion-MNIST at B = 64 to
-        // 1024, where N mod B is 32 to 608). With B dividing N both are the same mean.
-        sum += elbo_t * static_cast<double>(rows);
-        res.trace.push_back(elbo_t);
-        res.rho_trace.push_back(rho);
-        res.seconds_trace.push_back(elapsed());
-        if (o.full_elbo_every > 0 && t % o.full_elbo_every == 0) {
-          const auto p0 = Clock::now();
-          full_pass(comm, src, model, stats, nullptr);
-          res.full_elbo.push_back(model.elbo(stats));
-          res.full_elbo_seconds.push_back(res.seconds_trace.back());
-          res.full_elbo_step.push_back(static_cast<double>(t));
-          paused += seconds_since(p0);
-        }
-      }
-      const double avg = sum / static_cast<double>(n);
-      const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                                 : rel_change(avg, res.epoch_trace.back());
-      if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
-      res.epoch_trace.push_back(avg);
-      res.iterations = epoch + 1;
-      res.steps = t;
-      if (progress) progress({epoch + 1, avg, rel, elapsed(), rho, t});
-      // The stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the epoch-average
-      // ELBO changes by less than tol, or has decreased for three consecutive epochs.
-      if (epoch > 0 && rel < o.tol) {
-        res.converged = true;
-        res.stop_reason = "tol";
-        break;
-      }
-      if (decreases >= 3) {
-        res.converged = true;
-        res.stop_reason = "elbo-decreased";
-        break;
+      if (o.full_elbo_every > 0 && t % o.full_elbo_every == 0) {
+        const auto p0 = Clock::now();
+        full_pass(comm, src, model, stats, nullptr);
+        res.full_elbo.push_back(model.elbo(stats));
+        res.full_elbo_seconds.push_back(res.seconds_trace.back());
+        res.full_elbo_step.push_back(static_cast<double>(t));
+        paused += seconds_since(p0);
       }
     }
-    // The final full ELBO: one pass over every row under the final lambda.
-    full_pass(comm, src, model, stats, resp_out);
-    res.elbo = model.elbo(stats);
+    res.steps = t;
+    if (end_epoch(o, progress, epoch, sum / static_cast<double>(n), elapsed(), rho, decreases, res))
+      break;
   }
+  // The final full ELBO: one pass over every row under the final lambda.
+  full_pass(comm, src, model, stats, resp_out);
+  res.elbo = model.elbo(stats);
   res.seconds = elapsed();
-  // The allreduce share of the iterations (docs/performance.md): the rank that waits least is
-  // closest to the pure cost of communication, the one that waits most adds the load imbalance.
   res.loop_seconds = res.seconds - loop_start;
-  const auto waits = comm.allgather(Comm::allreduce_seconds() - allreduce_start);
-  res.allreduce_seconds_min = *std::min_element(waits.begin(), waits.end());
-  res.allreduce_seconds_max = *std::max_element(waits.begin(), waits.end());
-  out.res = std::move(res);
+  allreduce_share(comm, allreduce_start, res);
+  return res;
+}
+
+Start fit_start(const Setup& su, const FitOptions& o, const Progress& progress) {
+  const int d = static_cast<int>(su.src.shape().cols);
+  const Estimator est =
+      o.algorithm == Algorithm::kEm ? Estimator::kMaximumLikelihood : Estimator::kVariational;
+  Model model(o.covariance, o.components, make_prior(o, d, su.mom), su.mom.mean, est, o.reg_covar);
+  model.set_precision(o.precision);
+  Start out;
+  RowMatrix* resp = o.labels.empty() ? nullptr : &out.resp;
+  out.res = o.algorithm == Algorithm::kSvi ? fit_svi(su, o, progress, model, resp)
+                                           : fit_cavi_em(su, o, progress, model, resp);
+  out.res.algorithm = o.algorithm;
+  out.res.n = su.src.shape().rows;
   out.model.emplace(std::move(model));
   return out;
 }
@@ -954,7 +1048,18 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
   if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
-  Checkpointer ck(comm, o, inputs);  // checkpoint/resume and stop signals: gmm_checkpoint.hpp
+  // Checkpoint/resume and stop signals: the engine's for CAVI and EM, gmm_checkpoint.hpp for SVI.
+  Checkpoints ck;
+  if (o.algorithm == Algorithm::kSvi) {
+    ck.svi.emplace(comm, o, inputs);
+  } else {
+    if (!o.checkpoint.empty() && !o.labels.empty() && o.checkpoint == o.labels)
+      throw Error("--checkpoint and --labels name the same file");
+    if (!o.resume.empty() && (o.resume == o.out || o.resume == o.labels))
+      throw Error("--resume names the same file as --out or --labels");
+    ck.batch.emplace(comm, engine::CheckpointFiles{o.checkpoint, o.checkpoint_every, o.resume},
+                     inputs, o.out);
+  }
 
   const Source src(comm, ref, o.stream, o.chunk_rows);
   const std::int64_t n = src.shape().rows;
@@ -970,7 +1075,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   for (int s = 0; s < o.n_init; ++s) {
     FitOptions os = o;
     if (s > 0) os.seed = start_seed(o.seed, s);
-    Start st = fit_start(comm, os, progress, ref, init, src, mom, ck, t0);
+    Start st = fit_start({comm, ref, init, src, mom, ck, t0}, os, progress);
     bounds.push_back(st.res.elbo);
     if (s == 0 || st.res.elbo > best.res.elbo) {
       best = std::move(st);

@@ -122,10 +122,19 @@ def main():
     edits = {
         "ck_iter_1e300.h5": lambda f: f.attrs.__setitem__("iteration", 1e300),
         "ck_attr_array.h5": lambda f: f.attrs.__setitem__("elapsed", np.arange(64.0)),
-        "ck_unstored.h5": lambda f: (f.__delitem__("stats"),
-                                     f.create_dataset("stats", shape=(3 * 10**8,), dtype="f8",
-                                                      chunks=(64,), maxshape=(None,))),
+        "ck_unstored.h5": lambda f: (f.__delitem__("model/stats"),
+                                     f.create_dataset("model/stats", shape=(3 * 10**8,),
+                                                      dtype="f8", chunks=(64,),
+                                                      maxshape=(None,))),
     }
+    # A CAVI checkpoint as caviar wrote it before the batch fits moved onto the engine: the
+    # statistics at /stats, and no "layout" in its fingerprint.
+    def older_layout(f):
+        fp = json.loads(f.attrs["fingerprint"])
+        del fp["layout"]
+        f.attrs["fingerprint"] = json.dumps(fp)
+        f.move("model/stats", "stats")
+    edits["ck_old.h5"] = older_layout
     for name, edit in edits.items():
         shutil.copyfile(p("ck.h5"), p(name))
         with h5py.File(p(name), "r+") as f:
@@ -257,6 +266,7 @@ def main():
         ("resume: another algorithm", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--resume", p("ck.h5"), "--out", out), "--algorithm cavi, this run has --algorithm em"),
         ("resume: another seed", 2, fit(p("good.h5") + ":/X", "-k", "2", "--seed", "9", "--resume", p("ck.h5"), "--out", out), "--seed 0, this run has --seed 9"),
         ("resume: an SVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "128", "--max-iter", "3", "--resume", p("ck_svi_old.h5"), "--out", out), "its fingerprint lacks 'epoch_average'"),
+        ("resume: a CAVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_old.h5"), "--out", out), "its fingerprint lacks 'layout'"),
         ("resume: a model file", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--resume", p("model3d.h5"), "--out", out), "not a checkpoint of this caviar"),
         ("resume: a data file", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("good.h5"), "--out", out), "not a caviar checkpoint"),
         ("resume: missing checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("nope_ck.h5"), "--out", out), "nope_ck.h5: no such file"),
@@ -276,7 +286,7 @@ def main():
         ("lda resume: another algorithm", 2, [caviar, "lda", "fit", "--data", p("lda_a.h5"), "--algorithm", "svi", "--topics", "3", "--resume", p("lda_ck.h5"), "--out", out], "--algorithm cavi, this run has --algorithm svi"),
         ("resume: a counter that is not an integer", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_iter_1e300.h5"), "--out", out), "its attribute 'iteration' = 1.0000000000000001e+300 is not an integer"),
         ("resume: an array attribute", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_attr_array.h5"), "--out", out), "attribute 'elapsed' of"),
-        ("resume: a dataset the file does not hold", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_unstored.h5"), "--out", out), "'/stats' in"),
+        ("resume: a dataset the file does not hold", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_unstored.h5"), "--out", out), "'model/stats' in"),
         ("lda resume: a negative gamma", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck_neg_gamma.h5"), "--out", out), "the gammas of document 7 are not all positive"),
         ("lda: an indptr the file does not hold", 2, lda(p("lda_unstored.h5"), "--topics", "3", "--out", out), "declares 300000000 elements"),
         ("lda checkpoint is the output", 2, lda(p("lda_a.h5"), "--topics", "3", "--checkpoint", out, "--out", out), "--checkpoint and --out name the same file"),

@@ -1,7 +1,9 @@
-// Fuzz target: `gmm fit --resume CHECKPOINT` (inference/gmm_checkpoint.cpp and the fingerprint
-// check of inference/checkpoint.cpp), on a structure-aware HDF5 checkpoint (h5_spec.hpp). The whole
-// fit runs on a small fixed dataset, so that what the reader lets through is also used: a resumed
-// position, trace or statistics that the fit cannot continue from must be refused by the reader.
+// Fuzz target: `gmm fit --resume CHECKPOINT` (CAVI and EM: the engine's checkpoint,
+// engine/checkpoint.cpp, and the statistics read by models/gmm/batch.hpp; SVI:
+// inference/gmm_checkpoint.cpp; both: the fingerprint check of inference/checkpoint.cpp), on a
+// structure-aware HDF5 checkpoint (h5_spec.hpp). The whole fit runs on a small fixed dataset, so
+// that what the reader lets through is also used: a resumed position, trace or statistics that
+// the fit cannot continue from must be refused by the reader.
 //
 // Input: one configuration byte (which fit options; see kConfigs), then the checkpoint's entries.
 // The seeds are real checkpoints written by gmm::fit with the same data and options, their
