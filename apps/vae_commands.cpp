@@ -80,8 +80,15 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       ->check(CLI::IsMember({"exact", "fast"}))
       ->capture_default_str();
   train->add_option("--out", o->out, "Model file to write (HDF5)");
-  train->add_option("--checkpoint", o->checkpoint, "Checkpoint file written at every epoch end");
-  train->add_option("--resume", o->resume, "Continue from this checkpoint");
+  train->add_option("--checkpoint", o->checkpoint,
+                    "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
+                    "SIGTERM/SIGUSR1 (at the next step boundary)");
+  train->add_option("--checkpoint-every", o->checkpoint_every,
+                    "N (epochs) or Ts (seconds, e.g. 30s, at the next step boundary) between "
+                    "checkpoints [default with --checkpoint: 1, every epoch's end]");
+  train->add_option("--resume", o->resume,
+                    "Continue from this checkpoint (same data and options; the result is bitwise "
+                    "that of an uninterrupted run, at any rank and thread count)");
   train->footer(
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
       "at a step boundary, after writing --checkpoint if given (resume with --resume).");

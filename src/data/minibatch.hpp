@@ -8,6 +8,7 @@
 // B indices of a step without communication and keeps the ones it owns.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/partition.hpp"
@@ -69,6 +70,23 @@ inline std::vector<std::int64_t> minibatch_rows(const EpochPermutation& perm, st
   std::sort(rows.begin(), rows.end());
   if (batch_size) *batch_size = p1 - p0;
   return rows;
+}
+
+// The epoch's order of all N rows as one shuffled vector: the Fisher-Yates shuffle (Durstenfeld's
+// in-place form; Knuth, TAOCP vol. 2, Algorithm 3.4.2 P) driven by CounterRng draws keyed by
+// (seed, stream, position, epoch), so every rank computes the same order without communication.
+// For drivers whose every rank can compute any row (engine/gradient.hpp): O(N) memory per epoch.
+inline std::vector<std::int64_t> shuffled_rows(std::int64_t n, std::uint64_t seed, Stream stream,
+                                               std::uint32_t epoch) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) p[i] = i;
+  const CounterRng rng(seed, stream);
+  for (std::int64_t i = n - 1; i > 0; --i) {
+    const double u = rng.uniform2(static_cast<std::uint64_t>(i), epoch)[0];
+    const std::int64_t j = std::min<std::int64_t>(i, static_cast<std::int64_t>(u * (i + 1)));
+    std::swap(p[i], p[j]);
+  }
+  return p;
 }
 
 }  // namespace caviar

@@ -53,12 +53,21 @@ void Checkpointer::open(ckpt::Fingerprint fp) {
   resumed_ = std::move(s);
 }
 
-void Checkpointer::restore_model(const std::function<void(const StateReader&)>& load) const {
+void Checkpointer::restore(const std::string& prefix,
+                           const std::function<void(const StateReader&)>& load) const {
   if (!resuming()) return;
   comm_.agree([&] {
     const io::FileReader r(files_.resume);
-    load(FileStateReader(r, files_.resume, "model/"));
+    load(FileStateReader(r, files_.resume, prefix));
   });
+}
+
+void Checkpointer::restore_model(const std::function<void(const StateReader&)>& load) const {
+  restore("model/", load);
+}
+
+void Checkpointer::restore_driver(const std::function<void(const StateReader&)>& load) const {
+  restore("driver/", load);
 }
 
 void Checkpointer::restore_rows(const RowState& s) const {
@@ -97,18 +106,29 @@ void Checkpointer::restore_counters(std::span<const Counter> counters) const {
 void Checkpointer::boundary(int iteration, const Trace& trace, double elapsed,
                             const std::function<void(StateWriter&)>& save,
                             std::span<const RowState> rows, std::span<const Counter> counters) {
-  const ckpt::StopPoller::Decision d = poller_.poll(iteration);
+  boundary(Position{iteration, false, ""}, trace, elapsed, save, rows, counters, {});
+}
+
+void Checkpointer::boundary(const Position& at, const Trace& trace, double elapsed,
+                            const std::function<void(StateWriter&)>& save,
+                            std::span<const RowState> rows, std::span<const Counter> counters,
+                            const std::function<void(StateWriter&)>& save_driver) {
+  // -1 completed: the poller never saves by count inside a pass.
+  const ckpt::StopPoller::Decision d = poller_.poll(at.mid_pass ? -1 : at.iteration);
   if (d.save && !files_.checkpoint.empty()) {
-    write(iteration, trace, elapsed, save, rows, counters);
+    write(at.iteration, trace, elapsed, save, rows, counters, save_driver);
     poller_.saved();
   }
   if (d.signal != 0)
-    ckpt::stop(d.signal, "before iteration " + std::to_string(iteration), files_.checkpoint);
+    ckpt::stop(d.signal,
+               at.where.empty() ? "before iteration " + std::to_string(at.iteration) : at.where,
+               files_.checkpoint);
 }
 
 void Checkpointer::write(int iteration, const Trace& trace, double elapsed,
                          const std::function<void(StateWriter&)>& save,
-                         std::span<const RowState> rows, std::span<const Counter> counters) {
+                         std::span<const RowState> rows, std::span<const Counter> counters,
+                         const std::function<void(StateWriter&)>& save_driver) {
   std::vector<std::int64_t> sums;
   for (const Counter& c : counters) sums.push_back(*c.value);
   if (!sums.empty()) comm_.allreduce_sum(std::span<std::int64_t>(sums));
@@ -125,6 +145,10 @@ void Checkpointer::write(int iteration, const Trace& trace, double elapsed,
   write_trace(w, "trace/heldout", trace.heldout);
   ParallelStateWriter sw(w, "model/");
   save(sw);
+  if (save_driver) {
+    ParallelStateWriter dw(w, "driver/");
+    save_driver(dw);
+  }
   for (const RowState& s : rows)
     w.write_rows("rows/" + s.name, s.global_rows, s.rows, s.data,
                  {static_cast<std::uint64_t>(s.width)});

@@ -5,7 +5,9 @@
 //     settings fails with one line;
 //   - the position (attribute "iteration": the next iteration) and the fit's elapsed seconds;
 //   - the traces (trace/objective, trace/seconds, trace/heldout);
-//   - the model's global state under "model/" (the model's own save(), engine/state.hpp);
+//   - the model's global state under "model/" (the model's own save(), engine/state.hpp), and
+//     the driver's own state, if it has any (an optimiser's moments, the position inside a pass),
+//     under "driver/";
 //   - the per-row local state under "rows/" (one N x width dataset per RowState), written by every
 //     rank in parallel into the one file and read back by every rank for its own rows, whatever
 //     the rank count that wrote it: never gathered onto one rank.
@@ -45,6 +47,16 @@ struct Counter {
   std::int64_t* value = nullptr;
 };
 
+// A boundary at which a driver may checkpoint or stop: after `iteration` completed iterations or
+// passes (the attribute "iteration", the length of the traces). Inside a pass (mid_pass) only a
+// signal or a timed --checkpoint-every Ts saves, never the count. `where` names the boundary in
+// the stop message ("" gives "before iteration N").
+struct Position {
+  int iteration = 0;
+  bool mid_pass = false;
+  std::string where;
+};
+
 class Checkpointer {
  public:
   // Installs the SIGTERM/SIGUSR1 handlers for the fit and checks the files (collective): the
@@ -65,17 +77,27 @@ class Checkpointer {
   void restore_rows(const RowState& s) const;
   // Resuming: the counters' values (collective).
   void restore_counters(std::span<const Counter> counters) const;
+  // Resuming: the driver's own state (load reads it from the checkpoint's "driver/").
+  void restore_driver(const std::function<void(const StateReader&)>& load) const;
 
   // At an iteration boundary, on every rank: polls the signals, writes the checkpoint when due
   // (collective), and on a signal throws ckpt::Preempted on every rank.
   void boundary(int iteration, const Trace& trace, double elapsed,
                 const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
                 std::span<const Counter> counters = {});
+  // The same at any Position, with the driver's own state (save_driver may be empty).
+  void boundary(const Position& at, const Trace& trace, double elapsed,
+                const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
+                std::span<const Counter> counters,
+                const std::function<void(StateWriter&)>& save_driver);
 
  private:
   void write(int iteration, const Trace& trace, double elapsed,
              const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
-             std::span<const Counter> counters);
+             std::span<const Counter> counters,
+             const std::function<void(StateWriter&)>& save_driver);
+  void restore(const std::string& prefix,
+               const std::function<void(const StateReader&)>& load) const;
   struct Resumed {
     int iteration = 0;
     double elapsed = 0;

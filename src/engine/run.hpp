@@ -43,6 +43,10 @@ struct RunResult {
   // Where the time went: the local steps (slowest and fastest rank) and the reductions of the
   // statistics (slowest rank, including any wait for other ranks).
   double local_seconds_max = 0, local_seconds_min = 0, reduce_seconds_max = 0;
+  // Gradient fits (engine/gradient.hpp): optimiser steps done (including those of a resumed
+  // checkpoint), and the seconds of the optimiser's updates (slowest rank).
+  std::int64_t steps = 0;
+  double update_seconds_max = 0;
 };
 
 // Seconds of fitting, continued across a resume, with held-out evaluation excluded.

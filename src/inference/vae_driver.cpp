@@ -1,6 +1,5 @@
 #include "inference/vae_driver.hpp"
 
-#include <bit>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -8,16 +7,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
 #include "core/scripts.hpp"
-#include "core/signals.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/gradient.hpp"
 #include "inference/checkpoint.hpp"
 #include "io/h5.hpp"
+#include "models/vae/gradient.hpp"
 
 namespace caviar::vae {
 
@@ -31,7 +34,6 @@ double seconds_since(Clock::time_point t0) {
 // Noise steps reserved for evaluation and generation, far above any training step.
 constexpr std::uint32_t kEvalStep = 0xFFFFFFFFu;
 constexpr std::uint32_t kSampleStep = 0xFFFFFFFEu;
-constexpr std::int64_t kParamChunk = 1 << 15;  // parameters per task in the element-wise loops
 
 // Checks that every value is finite and, for the Bernoulli likelihood, in [0, 1]. Returns the
 // first problem ("" if none). `first_row` is the global index of column 0.
@@ -95,36 +97,6 @@ FloatShard load_float_shard(const Comm& comm, const std::string& spec, Likelihoo
   return s;
 }
 
-// The epoch's permutation of [0, N): Fisher-Yates keyed by (seed, epoch), the same on every rank.
-std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, int epoch) {
-  std::vector<std::int64_t> p(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) p[i] = i;
-  const CounterRng rng(seed, Stream::kVaeShuffle);
-  for (std::int64_t i = n - 1; i > 0; --i) {
-    const double u =
-        rng.uniform2(static_cast<std::uint64_t>(i), static_cast<std::uint32_t>(epoch))[0];
-    const std::int64_t j = std::min<std::int64_t>(i, static_cast<std::int64_t>(u * (i + 1)));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
-
-// eps for rows `rows` (global indices), S samples each: column c * S + s holds the Z normals
-// keyed by (seed, row, step), so a row's noise does not depend on who computes it.
-void fill_noise(Mat<float>& eps, const std::int64_t* rows, std::int64_t n, int s, int z,
-                std::uint64_t seed, std::uint32_t step) {
-  const CounterRng rng(seed, Stream::kVaeNoise);
-  const std::int64_t pairs = (z + 1) / 2;
-  eps.resize(z, n * s);
-  for (std::int64_t c = 0; c < n; ++c)
-    for (int k = 0; k < s; ++k)
-      for (std::int64_t q = 0; q < pairs; ++q) {
-        const auto e = rng.normal2(static_cast<std::uint64_t>((rows[c] * s + k) * pairs + q), step);
-        eps(2 * q, c * s + k) = static_cast<float>(e[0]);
-        if (2 * q + 1 < z) eps(2 * q + 1, c * s + k) = static_cast<float>(e[1]);
-      }
-}
-
 // Sum of the ELBO over the rows of a rank's shard, in fixed 256-row blocks whose sums are
 // combined in block order: the same total at any rank or thread count.
 double evaluate_elbo(const Comm& comm, const Layout& layout, const float* params,
@@ -150,36 +122,26 @@ double evaluate_elbo(const Comm& comm, const Layout& layout, const float* params
   return total;
 }
 
-struct Checkpoint {
-  ParamVec params, m, v;
-  std::int64_t step = 0;
-  int epoch = 0;  // epochs completed
-  // A checkpoint taken on a stop signal inside epoch `epoch + 1`: the steps of it already done
-  // and the sum of their minibatch ELBOs (0 and 0 at an epoch end).
-  std::int64_t step_in_epoch = 0;
-  double epoch_elbo = 0;
-  std::vector<double> train_trace, test_trace;
-};
-
 // What a resume must share with the run that wrote the checkpoint (inference/checkpoint.hpp):
-// the data (shape and sampled-rows identity) and the options that change the sequence of
-// minibatches and noise. The architecture is checked separately (read_checkpoint).
+// the checkpoint layout (the engine's; the VAE's own older layout lacks it and is refused with
+// one line), the data (shape and sampled-rows identity), the architecture, and the options that
+// change the sequence of minibatches and noise.
 ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io::DataRef& ref,
                               const io::MatrixShape& shape) {
   ckpt::Fingerprint fp("vae");
+  fp.add("layout", std::string("engine"), "the checkpoint layout");
   ckpt::add_data(fp, comm, "--data", ref, shape);
+  std::string hidden;
+  for (int h : o.hidden) hidden += (hidden.empty() ? "" : ",") + std::to_string(h);
+  fp.add("hidden", hidden, "--hidden");
+  fp.add("latent", static_cast<std::int64_t>(o.latent), "--latent");
+  fp.add("likelihood", o.likelihood, "--likelihood");
   fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
   fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
   fp.add("samples", static_cast<std::int64_t>(o.samples), "--samples");
   fp.add("micro_blocks", static_cast<std::int64_t>(o.micro_blocks), "--micro-blocks");
+  fp.add("reduction", o.reduction, "--reduction");
   return fp;
-}
-
-std::vector<double> to_double(const ParamVec& v) {
-  return {v.begin(), v.end()};
-}
-ParamVec to_float(const std::vector<double>& v) {
-  return {v.begin(), v.end()};
 }
 
 void write_architecture(io::FileWriter& w, const Architecture& a) {
@@ -202,65 +164,6 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
   return a;
-}
-
-void write_checkpoint(const Comm& comm, const std::string& path, const TrainOptions& o,
-                      const ckpt::Fingerprint& fp, const Architecture& a, const ParamVec& params,
-                      Adam& adam, int epoch, const std::vector<double>& train_trace,
-                      const std::vector<double>& test_trace, std::int64_t step_in_epoch = 0,
-                      double epoch_elbo = 0) {
-  comm.on_root([&] {
-    io::FileWriter w(path);
-    write_architecture(w, a);
-    fp.write(w);
-    w.attr("step_in_epoch", step_in_epoch);
-    w.attr("epoch_elbo", epoch_elbo);
-    const std::uint64_t n = params.size();
-    w.write("params", to_double(params), {n});  // float32 values, exactly representable
-    w.write("adam/m", to_double(adam.m()), {n});
-    w.write("adam/v", to_double(adam.v()), {n});
-    w.write("trace/train_elbo", train_trace, {train_trace.size()});
-    w.write("trace/test_elbo", test_trace, {test_trace.size()});
-    w.attr("step", adam.steps());
-    w.attr("epoch", static_cast<std::int64_t>(epoch));
-    w.attr("seed", static_cast<std::int64_t>(o.seed));
-    w.attr("batch_size", static_cast<std::int64_t>(o.batch_size));
-    w.attr("samples", static_cast<std::int64_t>(o.samples));
-    w.attr("micro_blocks", static_cast<std::int64_t>(o.micro_blocks));
-    w.attr("data", o.data);
-    w.commit();
-  });
-}
-
-Checkpoint read_checkpoint(const Comm& comm, const std::string& path, const ckpt::Fingerprint& fp,
-                           const Layout& layout) {
-  Checkpoint c;
-  comm.agree([&] {
-    io::FileReader r(path);
-    fp.check(r, path);  // model type, data and options: one clear line on a mismatch
-    if (!r.has("/params") || !r.has("/adam/m"))
-      throw Error("'" + path + "' is not a caviar VAE checkpoint (no /params, /adam)");
-    const Architecture a = read_architecture(r, path);
-    const Architecture& want = layout.arch;
-    if (a.hidden != want.hidden || a.latent != want.latent || a.input_dim != want.input_dim ||
-        a.likelihood != want.likelihood)
-      throw Error("--resume " + path + ": its architecture differs from this run's " +
-                  "(--hidden, --latent, --likelihood or the data's columns)");
-    c.params = to_float(r.read("/params"));
-    c.m = to_float(r.read("/adam/m"));
-    c.v = to_float(r.read("/adam/v"));
-    if (static_cast<std::int64_t>(c.params.size()) != layout.n_params ||
-        c.m.size() != c.params.size() || c.v.size() != c.params.size())
-      throw Error("--resume " + path + ": parameter buffers have the wrong size");
-    c.train_trace = r.read("/trace/train_elbo");
-    c.test_trace = r.read("/trace/test_elbo");
-    const std::string bad = "--resume " + path + ": ";
-    c.step = ckpt::read_int(r, "step", 0, ckpt::kMaxCount, bad);
-    c.epoch = static_cast<int>(ckpt::read_int(r, "epoch", 0, INT_MAX - 1, bad));
-    c.step_in_epoch = ckpt::read_int(r, "step_in_epoch", 0, ckpt::kMaxCount, bad);
-    c.epoch_elbo = r.read_double_attr("epoch_elbo");
-  });
-  return c;
 }
 
 void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
@@ -320,215 +223,123 @@ void validate(const TrainOptions& o, std::int64_t n) {
     throw Error("--reduction must be exact or fast");
 }
 
-}  // namespace
-
-TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& progress) {
-  const auto t_start = Clock::now();
-  // Cheap argument checks first, so that bad flags fail before any file is read.
-  const Likelihood lik = parse_likelihood(o.likelihood);
+// Cheap argument checks, so that bad flags fail before any file is read.
+void check_architecture(const TrainOptions& o) {
+  parse_likelihood(o.likelihood);
   if (o.latent < 1) throw Error("--latent must be >= 1 (got " + std::to_string(o.latent) + ")");
   if (o.hidden.empty()) throw Error("--hidden needs at least one width");
   for (int h : o.hidden)
     if (h < 1) throw Error("--hidden widths must be >= 1 (got " + std::to_string(h) + ")");
+}
+
+engine::GradientSchedule schedule(const TrainOptions& o) {
+  engine::GradientSchedule s;
+  s.batch_size = o.batch_size;
+  s.micro_blocks = o.micro_blocks;
+  s.seed = o.seed;
+  s.order = Stream::kVaeShuffle;
+  s.exact = o.reduction == "exact";
+  s.optimizer.adam.lr = o.lr;
+  s.optimizer.adam.weight_decay = o.weight_decay;
+  return s;
+}
+
+// The epoch lines' report: this epoch's seconds (training and evaluation) and rows per second.
+engine::Progress epoch_progress(const TrainOptions& o, std::int64_t n, double start,
+                                const double* eval_seconds, const EpochProgress& progress) {
+  if (!progress) return {};
+  auto last = std::make_shared<std::pair<double, double>>(start, 0.0);  // (fit clock, eval)
+  return [&o, n, eval_seconds, progress, last](const engine::Report& r) {
+    const double train = r.seconds - last->first, eval = *eval_seconds - last->second;
+    *last = {r.seconds, *eval_seconds};
+    EpochReport rep;
+    rep.epoch = r.iteration;
+    rep.epochs = o.epochs;
+    rep.train_elbo = r.objective;
+    rep.test_elbo = r.heldout;
+    rep.seconds = train + eval;
+    rep.rows_per_second = static_cast<double>(n) / train;
+    progress(rep);
+  };
+}
+
+TrainResult to_result(const engine::RunResult& r, int resumed_epochs, double resumed_seconds,
+                      std::int64_t n, double eval_seconds, bool has_test) {
+  TrainResult res;
+  res.train_trace = r.trace.objective;
+  res.test_trace = has_test ? r.trace.heldout
+                            : std::vector<double>(r.trace.objective.size(),
+                                                  std::numeric_limits<double>::quiet_NaN());
+  if (!res.train_trace.empty()) res.train_elbo = res.train_trace.back();
+  res.test_elbo =
+      res.test_trace.empty() ? std::numeric_limits<double>::quiet_NaN() : res.test_trace.back();
+  res.epochs = r.iterations;
+  res.epochs_run = r.iterations - resumed_epochs;
+  res.steps = r.steps;
+  res.n = n;
+  res.train_seconds = r.seconds - resumed_seconds;
+  res.compute_seconds = r.local_seconds_max;
+  res.reduce_seconds = r.reduce_seconds_max;
+  res.update_seconds = r.update_seconds_max;
+  res.eval_seconds = eval_seconds;
+  return res;
+}
+
+}  // namespace
+
+TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& progress) {
+  const auto t_start = Clock::now();
+  check_architecture(o);
   std::vector<std::string> inputs{io::DataRef::parse(o.data).file};
   if (!o.test.empty()) inputs.push_back(io::DataRef::parse(o.test).file);
-  if (!o.resume.empty()) inputs.push_back(o.resume);
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  if (!o.checkpoint.empty()) io::check_output_path(comm, o.checkpoint, {inputs[0]});
-  ckpt::check_resume(comm, o.resume);
-  const StopSignals signals;  // SIGTERM/SIGUSR1 only set a flag; polled at every step
-  ckpt::StopPoller poller(comm, {});
+  if (!o.out.empty()) {
+    std::vector<std::string> read = inputs;
+    if (!o.resume.empty()) read.push_back(o.resume);
+    io::check_output_path(comm, o.out, read);
+  }
+  // --checkpoint alone: at every epoch's end, as the VAE always did.
+  const std::string every =
+      o.checkpoint_every.empty() && !o.checkpoint.empty() ? std::string("1") : o.checkpoint_every;
+  engine::Checkpointer ck(comm, {o.checkpoint, every, o.resume}, inputs, o.out);
 
   const io::DataRef ref = io::DataRef::parse(o.data);
   const io::MatrixShape shape = io::inspect_matrix(comm, ref);
   validate(o, shape.rows);
-  const Layout layout(Architecture{static_cast<int>(shape.cols), o.hidden, o.latent, lik});
-  const Mat<float> data = load_all_rows(comm, ref, shape, lik);
+  const Layout layout(Architecture{static_cast<int>(shape.cols), o.hidden, o.latent,
+                                   parse_likelihood(o.likelihood)});
+  const Mat<float> data = load_all_rows(comm, ref, shape, layout.arch.likelihood);
   std::optional<FloatShard> test;
-  if (!o.test.empty()) test = load_float_shard(comm, o.test, lik, layout.input_dim());
-
-  std::optional<ckpt::Fingerprint> fp;
-  if (!o.checkpoint.empty() || !o.resume.empty()) fp = fingerprint(comm, o, ref, shape);
-
-  const std::int64_t np = layout.n_params, n = shape.rows, b_size = o.batch_size;
-  AdamConfig cfg;
-  cfg.lr = o.lr;
-  cfg.weight_decay = o.weight_decay;
-  Adam adam(cfg, np);
-  ParamVec params;
-  TrainResult res;
-  int first_epoch = 1;
-  std::int64_t first_step = 0;  // inside first_epoch (a checkpoint taken on a signal)
-  double first_elbo = 0;
-  if (!o.resume.empty()) {
-    Checkpoint c = read_checkpoint(comm, o.resume, *fp, layout);
-    first_step = c.step_in_epoch;
-    first_elbo = c.epoch_elbo;
-    params = std::move(c.params);
-    adam.m() = std::move(c.m);
-    adam.v() = std::move(c.v);
-    adam.set_steps(c.step);
-    first_epoch = c.epoch + 1;
-    res.train_trace = std::move(c.train_trace);
-    res.test_trace = std::move(c.test_trace);
-  } else {
-    params = xavier_init(layout, o.seed);
-  }
-
-  // Micro-blocks of m rows: their number and layout depend on the batch size only.
-  const std::int64_t m_rows = (b_size + o.micro_blocks - 1) / o.micro_blocks;
-  const std::int64_t max_blocks = (b_size + m_rows - 1) / m_rows;
-  const std::int64_t max_local = (max_blocks + comm.size() - 1) / comm.size();
-  const std::int64_t steps_per_epoch = (n + b_size - 1) / b_size;
+  if (!o.test.empty())
+    test = load_float_shard(comm, o.test, layout.arch.likelihood, layout.input_dim());
+  ck.open(!o.checkpoint.empty() || !o.resume.empty() ? fingerprint(comm, o, ref, shape)
+                                                     : ckpt::Fingerprint("vae"));
+  const std::int64_t steps_per_epoch = (shape.rows + o.batch_size - 1) / o.batch_size;
   if (static_cast<double>(o.epochs) * steps_per_epoch >= kSampleStep)
     throw Error("too many training steps for the 32-bit noise counter");
-  const int threads = max_threads();
-  const bool exact = o.reduction == "exact";
-  // One gradient slot per local micro-block; np is a multiple of kParamAlign, so every slot is
-  // aligned like the parameter buffer.
-  ParamVec grads(static_cast<std::size_t>(max_local * np));
-  std::vector<double> block_elbo(static_cast<std::size_t>(max_local)), block_max(max_local);
-  std::vector<std::int64_t> iacc(static_cast<std::size_t>(np + max_blocks));
-  std::vector<double> dacc(o.reduction == "fast" ? static_cast<std::size_t>(np + max_blocks) : 0);
-  ParamVec g(static_cast<std::size_t>(np));
-  std::vector<Network<float>> nets(static_cast<std::size_t>(threads), Network<float>(layout));
-  std::vector<Mat<float>> xs(threads), eps(threads);
 
-  res.n = n;
-  res.epochs = first_epoch - 1;
-  res.steps = adam.steps();
-  if (!res.train_trace.empty()) res.train_elbo = res.train_trace.back();
-  res.test_elbo =
-      res.test_trace.empty() ? std::numeric_limits<double>::quiet_NaN() : res.test_trace.back();
-  for (int epoch = first_epoch; epoch <= o.epochs; ++epoch) {
-    const auto t_epoch = Clock::now();
-    const std::vector<std::int64_t> perm = epoch_permutation(n, o.seed, epoch);
-    double epoch_elbo = epoch == first_epoch ? first_elbo : 0;
-    for (std::int64_t st = epoch == first_epoch ? first_step : 0; st < steps_per_epoch; ++st) {
-      // Stop signals: agreed at every step (one small allreduce); a mid-epoch checkpoint.
-      if (const int sig = poller.poll(adam.steps()).signal) {
-        if (!o.checkpoint.empty())
-          write_checkpoint(comm, o.checkpoint, o, *fp, layout.arch, params, adam, epoch - 1,
-                           res.train_trace, res.test_trace, st, epoch_elbo);
-        ckpt::stop(sig, "at epoch " + std::to_string(epoch) + ", step " + std::to_string(st),
-                   o.checkpoint);
-      }
-      const std::int64_t b0 = st * b_size, bn = std::min(b_size, n - b0);
-      const std::int64_t n_blocks = (bn + m_rows - 1) / m_rows;
-      const std::int64_t lb0 = n_blocks * comm.rank() / comm.size();
-      const std::int64_t lb1 = n_blocks * (comm.rank() + 1) / comm.size();
-      const auto step = static_cast<std::uint32_t>(adam.steps());
-
-      // 1. Each local micro-block's gradient of -sum ELBO, one thread per block.
-      auto t0 = Clock::now();
-      parallel_blocks(lb1 - lb0, 1, threads, [&](int t, std::int64_t lb, std::int64_t) {
-        const std::int64_t blk = lb0 + lb;
-        const std::int64_t r0 = b0 + blk * m_rows, rn = std::min(m_rows, b0 + bn - r0);
-        const std::int64_t* rows = perm.data() + r0;
-        Mat<float>& x = xs[t];
-        x.resize(layout.input_dim(), rn);
-        for (std::int64_t c = 0; c < rn; ++c) x.col(c) = data.col(rows[c]);
-        fill_noise(eps[t], rows, rn, o.samples, layout.latent(), o.seed, step);
-        float* gb = grads.data() + lb * np;
-        block_elbo[lb] = nets[t].run(params.data(), x, eps[t], o.samples, gb);
-        block_max[lb] = max_abs(gb, np);
-      });
-      res.compute_seconds += seconds_since(t0);
-
-      // 2. One reduction of the gradient and the per-block ELBO sums.
-      t0 = Clock::now();
-      const std::int64_t n_local = lb1 - lb0;
-      double batch_elbo = 0;
-      int exponent = 0;
-      if (exact) {
-        double local_max = 0;
-        for (std::int64_t lb = 0; lb < n_local; ++lb)  // NaN as +inf: MPI's max may drop a NaN
-          local_max = std::max(local_max, std::isnan(block_max[lb])
-                                              ? std::numeric_limits<double>::infinity()
-                                              : block_max[lb]);
-        // A non-finite gradient anywhere has no fixed-point grid (and its clamped values would
-        // overflow the integer sum); every rank sees the same maximum and stops here.
-        const double global_max = comm.allreduce_max(local_max);
-        if (!std::isfinite(global_max))
-          throw Error("training diverged at epoch " + std::to_string(epoch) + ", step " +
-                      std::to_string(st + 1) + " (non-finite gradient); try a smaller --lr");
-        const int e = fixed_point_exponent(global_max, n_blocks);
-        std::fill(iacc.begin() + np, iacc.end(), 0);
-        parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
-          std::fill(iacc.begin() + pb, iacc.begin() + pe, 0);
-          for (std::int64_t lb = 0; lb < n_local; ++lb)
-            add_fixed_point(grads.data() + lb * np + pb, pe - pb, e, iacc.data() + pb);
-        });
-        // Each block's ELBO travels as the bits of its double: only its owner adds non-zero bits,
-        // so the integer sum reproduces them exactly.
-        for (std::int64_t lb = 0; lb < n_local; ++lb)
-          iacc[np + lb0 + lb] = std::bit_cast<std::int64_t>(block_elbo[lb]);
-        comm.allreduce_sum(std::span<std::int64_t>(iacc.data(), np + n_blocks));
-        exponent = e;
-        for (std::int64_t k = 0; k < n_blocks; ++k)
-          batch_elbo += std::bit_cast<double>(iacc[np + k]);
-      } else {
-        // For measuring the cost of the exact reduction only: a plain double sum, whose rounding
-        // depends on how blocks are grouped by rank.
-        std::fill(dacc.begin(), dacc.end(), 0.0);
-        parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
-          for (std::int64_t lb = 0; lb < n_local; ++lb) {
-            const float* gb = grads.data() + lb * np;
-            for (std::int64_t i = pb; i < pe; ++i) dacc[i] += gb[i];
-          }
-        });
-        for (std::int64_t lb = 0; lb < n_local; ++lb) dacc[np + lb0 + lb] = block_elbo[lb];
-        comm.allreduce_sum(std::span<double>(dacc.data(), np + n_blocks));
-        for (std::int64_t k = 0; k < n_blocks; ++k) batch_elbo += dacc[np + k];
-      }
-      epoch_elbo += batch_elbo;
-      res.reduce_seconds += seconds_since(t0);
-
-      // 3. The same Adam step on every rank (the loss is the mean of -ELBO over the batch), in
-      // the same pass over memory as the conversion back from the reduced sums.
-      t0 = Clock::now();
-      adam.begin_step();
-      parallel_blocks(np, kParamChunk, threads, [&](int, std::int64_t pb, std::int64_t pe) {
-        if (exact) {
-          from_fixed_point(iacc.data() + pb, pe - pb, exponent, static_cast<double>(bn),
-                           g.data() + pb);
-        } else {
-          for (std::int64_t i = pb; i < pe; ++i) g[i] = static_cast<float>(dacc[i] / bn);
-        }
-        adam.update(params.data(), g.data(), pb, pe);
-      });
-      res.update_seconds += seconds_since(t0);
-    }
-    const double train_seconds = seconds_since(t_epoch);
-    res.train_seconds += train_seconds;
-    ++res.epochs_run;
-    const auto t_eval = Clock::now();
-    EpochReport rep;
-    rep.epoch = epoch;
-    rep.epochs = o.epochs;
-    rep.train_elbo = epoch_elbo / static_cast<double>(n);
-    rep.test_elbo = std::numeric_limits<double>::quiet_NaN();
-    if (test)
-      rep.test_elbo = evaluate_elbo(comm, layout, params.data(), *test, o.samples, o.seed) /
-                      static_cast<double>(test->shape.rows);
-    res.eval_seconds += seconds_since(t_eval);
-    if (!std::isfinite(rep.train_elbo))
-      throw Error("training diverged at epoch " + std::to_string(epoch) +
-                  " (non-finite ELBO); try a smaller --lr");
-    res.train_trace.push_back(rep.train_elbo);
-    res.test_trace.push_back(rep.test_elbo);
-    res.train_elbo = rep.train_elbo;
-    res.test_elbo = rep.test_elbo;
-    res.epochs = epoch;
-    res.steps = adam.steps();
-    if (!o.checkpoint.empty())
-      write_checkpoint(comm, o.checkpoint, o, *fp, layout.arch, params, adam, epoch,
-                       res.train_trace, res.test_trace);
-    rep.seconds = seconds_since(t_epoch);
-    rep.rows_per_second = static_cast<double>(n) / train_seconds;
-    if (progress) progress(rep);
-  }
-  res.params = std::move(params);
+  GradientFit model(layout, data, xavier_init(layout, o.seed), o.samples, o.seed);
+  engine::GradientRun run;
+  run.comm = &comm;
+  run.stop = {o.epochs, 0.0};  // no --tol: every epoch runs
+  run.checkpoint = &ck;
+  run.global_rows = shape.rows;
+  run.rows = {0, shape.rows};
+  run.schedule = schedule(o);
+  double eval_seconds = 0;
+  if (test)
+    run.heldout = [&] {
+      const auto t0 = Clock::now();
+      const double e =
+          evaluate_elbo(comm, layout, model.params().data(), *test, o.samples, o.seed) /
+          static_cast<double>(test->shape.rows);
+      eval_seconds += seconds_since(t0);
+      return e;
+    };
+  run.progress = epoch_progress(o, shape.rows, ck.elapsed(), &eval_seconds, progress);
+  const engine::RunResult r = engine::fit_gradient(model, run);
+  TrainResult res =
+      to_result(r, ck.iteration(), ck.elapsed(), shape.rows, eval_seconds, test.has_value());
+  res.params = std::move(model.params());
   res.seconds = seconds_since(t_start);
   if (!o.out.empty()) write_model(comm, o, layout, res);
   return res;

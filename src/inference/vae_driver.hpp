@@ -1,12 +1,14 @@
 #pragma once
-// Data-parallel VAE training and the commands that use a trained model. The driver owns data,
-// communication and files; the model (models/vae) never sees MPI or HDF5.
+// Data-parallel VAE training and the commands that use a trained model. This file owns the data
+// and the files; training runs on the engine's gradient driver (engine/gradient.hpp: minibatch
+// order, exact reduction, Adam, checkpoints), with the model (models/vae/gradient.hpp), which
+// never sees MPI or HDF5.
 //
 // Rank-count independence: the global minibatch comes from a permutation keyed by (seed, epoch);
 // it is cut into micro-blocks whose layout depends only on the batch size, and each rank computes
 // the gradients of a contiguous run of whole micro-blocks (one thread per micro-block). Noise is
 // keyed by (seed, global row, step). The micro-block gradients are summed exactly in int64 fixed
-// point (see models/vae/vae.hpp), so the parameters after any number of steps are bitwise the
+// point (core/gradient_sum.hpp), so the parameters after any number of steps are bitwise the
 // same at any rank and thread count.
 #include <cstdint>
 #include <functional>
@@ -33,7 +35,8 @@ struct TrainOptions {
   int micro_blocks = 4;             // micro-blocks per global batch (independent of the ranks)
   std::string reduction = "exact";  // exact (int64 fixed point) | fast (double, rank-dependent)
   std::string out;                  // model file ("" = none)
-  std::string checkpoint;           // written at every epoch end ("" = none)
+  std::string checkpoint;           // written on SIGTERM/SIGUSR1 and every checkpoint_every
+  std::string checkpoint_every;     // "N" epochs or "Ts" seconds; "" = 1 with a checkpoint
   std::string resume;               // checkpoint to continue from ("" = start afresh)
   std::string command, version;     // provenance
 };

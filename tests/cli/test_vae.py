@@ -117,6 +117,32 @@ def main():
     check(all(np.array_equal(w1[k], w3[k]) for k in w1), "resumed weights equal straight ones")
     check(s3["test_elbo"] == s1["test_elbo"], f"resumed ELBO {s3} vs {s1}")
 
+    # --checkpoint-every 2 (epochs): written after epoch 2 only (epoch 3 is not a multiple);
+    # resuming from it at 2 ranks gives the straight run's bits again.
+    run(train + ["--checkpoint", p("ck2.h5"), "--checkpoint-every", "2", "--out", p("m4.h5")])
+    with h5py.File(p("ck2.h5"), "r") as f:
+        check(int(f.attrs["iteration"]) == 2 and int(f.attrs["driver.step_in_epoch"]) == 0,
+              f"--checkpoint-every 2: a checkpoint after epoch 2, got {dict(f.attrs)}")
+    s5 = summary(run(train + ["--resume", p("ck2.h5"), "--out", p("m5.h5")], ranks=2))
+    w5 = weights(p("m5.h5"))
+    check(all(np.array_equal(w1[k], w5[k]) for k in w1) and s5["test_elbo"] == s1["test_elbo"],
+          "resumed from --checkpoint-every 2 at 2 ranks: the straight run's weights")
+    r = run(train + ["--checkpoint", p("ck3.h5"), "--checkpoint-every", "2x"], expect_ok=False)
+    check(r.returncode == 1 and "--checkpoint-every" in r.stderr, f"--checkpoint-every 2x: {r.stderr}")
+
+    # A checkpoint of the VAE's own older layout (before the engine's gradient driver) is refused
+    # with one line.
+    with h5py.File(p("old_ck.h5"), "w") as f:
+        f.attrs["model"] = "vae"
+        f.attrs["checkpoint"] = 1
+        f.attrs["fingerprint"] = json.dumps({"data_shape": "400x16", "seed": "5"})
+        f.attrs["epoch"] = 1
+        f["params"] = np.zeros(10)
+    r = run(train + ["--resume", p("old_ck.h5"), "--out", p("m6.h5")], expect_ok=False)
+    errs = [l for l in r.stderr.splitlines() if l.startswith("caviar: error:")]
+    check(r.returncode == 1 and len(errs) == 1 and "lacks 'layout'" in errs[0],
+          f"the older checkpoint layout is refused with one line: {r.stderr}")
+
     # encode (2 ranks, parallel writes) against numpy's forward pass of the saved weights.
     summary(run([caviar, "vae", "encode", "--model", p("m1.h5"), "--data", p("data.h5") + ":/test",
                  "--out", p("codes.h5")], ranks=2))

@@ -1,7 +1,10 @@
-// Fuzz target: `vae train --resume CHECKPOINT` (read_checkpoint in inference/vae_driver.cpp and the
-// fingerprint check of inference/checkpoint.cpp), on a structure-aware HDF5 checkpoint
-// (h5_spec.hpp). Training continues for one epoch on a small fixed dataset, so that what the
-// reader lets through is also used.
+// Fuzz target: `vae train --resume CHECKPOINT` (the engine's checkpoint reader: the fingerprint
+// check of inference/checkpoint.cpp, engine::Checkpointer's position and traces, the model's
+// "model/params" and the gradient driver's "driver/" state: the optimiser's steps and moments, the
+// position inside the epoch), on a structure-aware HDF5 checkpoint (h5_spec.hpp). Training
+// continues for one epoch on a small fixed dataset, so that what the reader lets through is also
+// used. The inputs in regressions/vae_checkpoint/ were written in the VAE's older layout: they now
+// stop at the reader (missing entries), and new seeds are made from the engine's layout.
 //
 // Input: one configuration byte (which options; see kConfigs), then the checkpoint's entries. The
 // seeds are real checkpoints written by vae::train with the same data and options, their

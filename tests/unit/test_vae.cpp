@@ -293,6 +293,31 @@ TEST(VaeAdam, FirstStepsMatchHandComputation) {
   EXPECT_EQ(adam.steps(), 2);
 }
 
+// The gradient driver's second optimiser (engine/optimizer.hpp): rho_t = lr (tau0 + t)^-kappa.
+TEST(RobbinsMonro, FirstStepsMatchHandComputation) {
+  engine::OptimizerConfig cfg;
+  cfg.method = engine::parse_method("robbins-monro");
+  cfg.adam.lr = 0.1;
+  cfg.adam.weight_decay = 0.5;
+  cfg.tau0 = 2;
+  cfg.kappa = 0.6;
+  engine::Optimizer opt(cfg, 2);
+  std::vector<float> p{1.0f, -2.0f};
+  std::vector<double> pd{1.0, -2.0};
+  const double grads[2][2] = {{0.3, -0.1}, {-0.2, 0.4}};
+  for (int t = 1; t <= 2; ++t) {
+    std::vector<float> g{static_cast<float>(grads[t - 1][0]), static_cast<float>(grads[t - 1][1])};
+    opt.begin_step();
+    opt.update(p.data(), g.data(), 0, 2);
+    for (int i = 0; i < 2; ++i) {
+      pd[i] -= 0.1 * std::pow(2.0 + t, -0.6) * (grads[t - 1][i] + 0.5 * pd[i]);
+      EXPECT_NEAR(p[i], pd[i], 4e-6 * std::abs(pd[i]));
+    }
+  }
+  EXPECT_EQ(opt.steps(), 2);
+  EXPECT_THROW(engine::parse_method("sgd"), Error);
+}
+
 TEST(VaeFixedPoint, SumIsExactAndIndependentOfGrouping) {
   // Eight "micro-block gradients" of very different magnitudes, added in two different groupings
   // (as 1 rank or as 4 ranks of 2 blocks would): the integer totals must be bitwise equal.

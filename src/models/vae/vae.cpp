@@ -79,75 +79,18 @@ ParamVec xavier_init(const Layout& layout, std::uint64_t seed) {
   return p;
 }
 
-void Adam::begin_step() {
-  ++t_;
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  step_size_ = static_cast<float>(cfg_.lr / bc1);
-  inv_sqrt_bc2_ = static_cast<float>(1.0 / std::sqrt(bc2));
-}
-
-void Adam::update(float* p, const float* g, std::int64_t begin, std::int64_t end) {
-  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
-  const float eps = static_cast<float>(cfg_.eps), wd = static_cast<float>(cfg_.weight_decay);
-  // Eigen array expressions, so that sqrt and division are vectorised (element-wise IEEE
-  // operations: the vector and scalar paths round identically).
-  using Arr = Eigen::Map<Eigen::ArrayXf>;
-  const Eigen::Index n = static_cast<Eigen::Index>(end - begin);
-  Arr pa(p + begin, n), m(m_.data() + begin, n), v(v_.data() + begin, n);
-  const Eigen::Map<const Eigen::ArrayXf> ga(g + begin, n);
-  for (Eigen::Index k = 0; k < n; k += 1024) {  // 1024 at a time: the temporaries stay in L1
-    const Eigen::Index len = std::min<Eigen::Index>(1024, n - k);
-    auto pk = pa.segment(k, len);
-    auto mk = m.segment(k, len);
-    auto vk = v.segment(k, len);
-    // L2 weight decay: the gradient of wd/2 |theta|^2 is added to g.
-    const Eigen::ArrayXf gi = ga.segment(k, len) + wd * pk;
-    mk = b1 * mk + (1.0f - b1) * gi;
-    vk = b2 * vk + (1.0f - b2) * gi * gi;
-    pk -= step_size_ * mk / (vk.sqrt() * inv_sqrt_bc2_ + eps);
-  }
-}
-
-int fixed_point_exponent(double max_abs, std::int64_t n_terms) {
-  if (!(max_abs > 0) || !std::isfinite(max_abs)) return 0;
-  int e = 0;
-  std::frexp(max_abs, &e);  // max_abs < 2^e
-  int log2_terms = 0;
-  while ((std::int64_t{1} << log2_terms) < std::max<std::int64_t>(1, n_terms)) ++log2_terms;
-  // Each term is below 2^(61 - log2_terms) after scaling, so n_terms of them stay below 2^61.
-  return 61 - log2_terms - e;
-}
-
-void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
-  const double scale = std::ldexp(1.0, exponent);
-  // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
-  // every rank, and the integer additions are exact and associative. Scaled values are below
-  // 2^61 unless the gradient is not finite (an infinite or NaN maximum gives exponent 0):
-  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a
-  // step has diverged: the trainer stops before summing it ("training diverged"), since two
-  // clamped values would overflow the sum.
-  constexpr double kMax = 0x1p62;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(g[i]) * scale;
-    acc[i] += x == x ? static_cast<std::int64_t>(std::clamp(x, -kMax, kMax)) : 0;
-  }
-}
-
-void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
-                      float* out) {
-  const double inv = std::ldexp(1.0, -exponent) / divisor;
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
-}
-
-double max_abs(const float* g, std::int64_t n) {
-  // On the bits with the sign cleared, integer order is the order of |g| (NaN compares above
-  // infinity and makes the result non-finite): an integer max, which the compiler vectorises.
-  std::uint32_t m = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    m = std::max(m, std::bit_cast<std::uint32_t>(g[i]) & 0x7FFFFFFFu);
-  return std::bit_cast<float>(m);
+void fill_noise(Mat<float>& eps, const std::int64_t* rows, std::int64_t n, int s, int z,
+                std::uint64_t seed, std::uint32_t step) {
+  const CounterRng rng(seed, Stream::kVaeNoise);
+  const std::int64_t pairs = (z + 1) / 2;
+  eps.resize(z, n * s);
+  for (std::int64_t c = 0; c < n; ++c)
+    for (int k = 0; k < s; ++k)
+      for (std::int64_t q = 0; q < pairs; ++q) {
+        const auto e = rng.normal2(static_cast<std::uint64_t>((rows[c] * s + k) * pairs + q), step);
+        eps(2 * q, c * s + k) = static_cast<float>(e[0]);
+        if (2 * q + 1 < z) eps(2 * q + 1, c * s + k) = static_cast<float>(e[1]);
+      }
 }
 
 double normal_quantile(double p) {

@@ -3,8 +3,9 @@
 // x -> ReLU hidden layers -> (mu, log sigma^2) (Kingma & Welling 2014, appendix C.2), S
 // reparameterised samples, an MLP decoder z -> ReLU hidden layers -> Bernoulli logits (appendix
 // C.1) or Gaussian mean and log-variance, and the ELBO with the analytic KL (appendix B, eq. 10).
-// No MPI and no HDF5 here: the driver (src/inference/vae_driver.cpp) owns data, communication and
-// files.
+// No MPI and no HDF5 here: the engine's gradient driver (engine/gradient.hpp, through
+// models/vae/gradient.hpp) owns the minibatches, the reduction and the optimiser, and
+// src/inference/vae_driver.cpp the files.
 //
 // All parameters live in one contiguous buffer, gradients in another of the same layout, so that
 // the data-parallel driver reduces one buffer per step.
@@ -14,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/gradient_sum.hpp"
+#include "engine/optimizer.hpp"
 #include "models/vae/layers.hpp"
 
 namespace caviar::vae {
@@ -39,7 +42,7 @@ struct Dense {
 };
 
 // Parameter and gradient buffers: aligned to Eigen's largest packet (64 bytes with AVX-512).
-using ParamVec = std::vector<float, Eigen::aligned_allocator<float>>;
+using ParamVec = engine::Params;
 
 // Every W and b starts at a multiple of kParamAlign entries, so with an aligned buffer every
 // layer's Map is aligned too. Eigen picks vectorised or scalar code paths (whose rounding differs)
@@ -64,43 +67,16 @@ struct Layout {
 // keyed by (seed, parameter index), so every rank builds the same initial buffer.
 ParamVec xavier_init(const Layout& layout, std::uint64_t seed);
 
-// Adam (Kingma & Ba 2015) with PyTorch's conventions: bias-corrected step lr / (1 - b1^t) and
-// denominator sqrt(v) / sqrt(1 - b2^t) + eps; optional L2 weight decay added to the gradient.
-struct AdamConfig {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
-};
-class Adam {
- public:
-  Adam(AdamConfig cfg, std::int64_t n) : cfg_(cfg), m_(n, 0.0f), v_(n, 0.0f) {}
-  // One step on every parameter: begin_step() then update() of [0, n). The driver calls
-  // update() on disjoint ranges from several threads; each entry's arithmetic is the same.
-  void step(float* params, const float* g) {
-    begin_step();
-    update(params, g, 0, static_cast<std::int64_t>(m_.size()));
-  }
-  void begin_step();
-  void update(float* params, const float* g, std::int64_t begin, std::int64_t end);
-  std::int64_t steps() const { return t_; }
-  ParamVec& m() { return m_; }
-  ParamVec& v() { return v_; }
-  void set_steps(std::int64_t t) { t_ = t; }
+// The optimiser (engine/optimizer.hpp: Adam, Kingma & Ba 2015) and the exact sum of the blocks'
+// gradients (core/gradient_sum.hpp) are the gradient driver's; the names stay visible here.
+using engine::Adam;
+using engine::AdamConfig;
 
- private:
-  AdamConfig cfg_;
-  ParamVec m_, v_;
-  std::int64_t t_ = 0;
-  float step_size_ = 0, inv_sqrt_bc2_ = 0;
-};
-
-// Exact, order-independent summation of float gradients from many micro-blocks: each block's
-// gradient is converted to int64 fixed point with one scale 2^k shared by every block, and
-// integer sums are exact, so the total does not depend on which rank or thread added which block.
-// k is chosen from the largest |g| over all blocks so that n_terms such numbers cannot overflow.
-int fixed_point_exponent(double max_abs, std::int64_t n_terms);
-void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc);
-void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
-                      float* out);
-double max_abs(const float* g, std::int64_t n);
+// eps for rows `rows` (global indices), S samples each: column c * S + s holds the Z normals
+// keyed by (seed, row, step) (Stream::kVaeNoise), so a row's noise does not depend on who
+// computes it.
+void fill_noise(Mat<float>& eps, const std::int64_t* rows, std::int64_t n, int s, int z,
+                std::uint64_t seed, std::uint32_t step);
 
 // The standard normal quantile Phi^{-1}(p), 0 < p < 1 (for the manifold grid, Bruno 2022,
 // Figure 4.6).

@@ -1,0 +1,50 @@
+#include "core/gradient_sum.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace caviar {
+
+int fixed_point_exponent(double max_abs, std::int64_t n_terms) {
+  if (!(max_abs > 0) || !std::isfinite(max_abs)) return 0;
+  int e = 0;
+  std::frexp(max_abs, &e);  // max_abs < 2^e
+  int log2_terms = 0;
+  while ((std::int64_t{1} << log2_terms) < std::max<std::int64_t>(1, n_terms)) ++log2_terms;
+  // Each term is below 2^(61 - log2_terms) after scaling, so n_terms of them stay below 2^61.
+  return 61 - log2_terms - e;
+}
+
+void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
+  const double scale = std::ldexp(1.0, exponent);
+  // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
+  // every rank, and the integer additions are exact and associative. Scaled values are below
+  // 2^61 unless the gradient is not finite (an infinite or NaN maximum gives exponent 0):
+  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a
+  // step has diverged: the trainer stops before summing it ("training diverged"), since two
+  // clamped values would overflow the sum.
+  constexpr double kMax = 0x1p62;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(g[i]) * scale;
+    acc[i] += x == x ? static_cast<std::int64_t>(std::clamp(x, -kMax, kMax)) : 0;
+  }
+}
+
+void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
+                      float* out) {
+  const double inv = std::ldexp(1.0, -exponent) / divisor;
+  for (std::int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
+}
+
+double max_abs(const float* g, std::int64_t n) {
+  // On the bits with the sign cleared, integer order is the order of |g| (NaN compares above
+  // infinity and makes the result non-finite): an integer max, which the compiler vectorises.
+  std::uint32_t m = 0;
+  for (std::int64_t i = 0; i < n; ++i)
+    m = std::max(m, std::bit_cast<std::uint32_t>(g[i]) & 0x7FFFFFFFu);
+  return std::bit_cast<float>(m);
+}
+
+}  // namespace caviar

@@ -1,0 +1,67 @@
+#pragma once
+// The VAE as a model of the engine's gradient driver (engine/gradient.hpp): a block's objective
+// is the sum of its rows' ELBOs (Kingma & Welling 2014, eq. 10) and its gradient that of minus
+// it, by the reparameterisation trick with S samples per row whose noise is keyed by (seed, row,
+// step) (fill_noise); there is no global term (weight decay is the optimiser's). Every rank holds
+// every row (D x N, float32), since a minibatch's blocks may hold any rows. No MPI and no files.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "engine/state.hpp"
+#include "models/vae/vae.hpp"
+
+namespace caviar::vae {
+
+class GradientFit {
+ public:
+  static constexpr bool kGlobalTerm = false;
+  struct Workspace {
+    Network<float> net;
+    Mat<float> x, eps;
+  };
+
+  // data: D x N, all rows; params: the initial parameters (layout.n_params).
+  GradientFit(const Layout& layout, const Mat<float>& data, ParamVec params, int samples,
+              std::uint64_t seed)
+      : layout_(&layout),
+        data_(&data),
+        params_(std::move(params)),
+        samples_(samples),
+        seed_(seed) {}
+
+  Workspace make_workspace() const { return {Network<float>(*layout_), {}, {}}; }
+  ParamVec& params() { return params_; }
+
+  double block(Workspace& ws, std::span<const std::int64_t> rows, std::int64_t step,
+               float* grad) const {
+    const auto rn = static_cast<std::int64_t>(rows.size());
+    ws.x.resize(layout_->input_dim(), rn);
+    for (std::int64_t c = 0; c < rn; ++c) ws.x.col(c) = data_->col(rows[c]);
+    fill_noise(ws.eps, rows.data(), rn, samples_, layout_->latent(), seed_,
+               static_cast<std::uint32_t>(step));
+    return ws.net.run(params_.data(), ws.x, ws.eps, samples_, grad);
+  }
+  double global_term(float*) const { return 0; }
+
+  // The parameter buffer as one array (float32 values: exact as doubles).
+  void save(engine::StateWriter& w) const {
+    w.array("params", std::vector<double>(params_.begin(), params_.end()),
+            {static_cast<std::uint64_t>(params_.size())});
+  }
+  void load(const engine::StateReader& r) {
+    const std::vector<double> p = r.array("params", {static_cast<std::uint64_t>(params_.size())});
+    std::copy(p.begin(), p.end(), params_.begin());
+  }
+
+ private:
+  const Layout* layout_;
+  const Mat<float>* data_;
+  ParamVec params_;
+  int samples_;
+  std::uint64_t seed_;
+};
+
+}  // namespace caviar::vae
