@@ -17,6 +17,7 @@ usage: test_hmm_stream.py CAVIAR_BIN WORKDIR
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -103,7 +104,14 @@ def write_big(f):
 def timed(ranks, args, capped):
     """Runs caviar under /usr/bin/time at `ranks` ranks (in the cgroup if capped): the result and
     every rank's peak resident memory in MB."""
-    cmd = mpirun(ranks) + ["/usr/bin/time", "-f", "peak_rss_kb %M", caviar] + args
+    # Each rank's /usr/bin/time writes its own file: their lines on mpirun's forwarded stderr can
+    # interleave, and a run once reported one rank's peak instead of two.
+    out = path("rss")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    wrapper = ('exec /usr/bin/time -f "peak_rss_kb %M" -o "$0/rank.$OMPI_COMM_WORLD_RANK" '
+               '"$@"')
+    cmd = mpirun(ranks) + ["sh", "-c", wrapper, out, caviar] + args
 
     def enter_cgroup():
         with open(os.path.join(CGROUP, "cgroup.procs"), "w") as f:
@@ -111,7 +119,10 @@ def timed(ranks, args, capped):
 
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        preexec_fn=enter_cgroup if capped else None)
-    rss = [int(k) / 1024 for k in re.findall(r"peak_rss_kb (\d+)", r.stderr)]
+    rss = []
+    for name in sorted(os.listdir(out)):
+        with open(os.path.join(out, name)) as f:
+            rss += [int(k) / 1024 for k in re.findall(r"peak_rss_kb (\d+)", f.read())]
     return r, rss
 
 
