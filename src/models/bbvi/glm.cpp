@@ -16,16 +16,6 @@ double softplus(double t) {
   return t > 0 ? t + std::log1p(std::exp(-t)) : std::log1p(std::exp(t));
 }
 
-double dot_row(const double* w, const double* x, int d) {
-  double s = 0;
-  for (int j = 0; j < d; ++j) s += w[j] * x[j];
-  return s;
-}
-
-void add_scaled_row(double a, const double* x, int d, double* g) {
-  for (int j = 0; j < d; ++j) g[j] += a * x[j];
-}
-
 }  // namespace
 
 Likelihood parse_likelihood(const std::string& s, const std::string& option) {
@@ -52,65 +42,9 @@ std::string to_string(Likelihood l) {
 
 double Glm::loglik(std::span<const double> theta, std::span<const double> x,
                    std::span<const double> y, std::span<double> grad) const {
-  const int d = features, c = outputs();
-  const std::size_t n = y.size();
-  const double* th = theta.data();
-  double* g = grad.data();
-  double sum = 0;
-  if (likelihood == Likelihood::kSoftmax) {
-    std::vector<double> eta(static_cast<std::size_t>(c));
-    for (std::size_t i = 0; i < n; ++i) {
-      const double* xi = x.data() + i * static_cast<std::size_t>(d);
-      double m = -INFINITY;
-      for (int k = 0; k < c; ++k) {
-        const double* wk = th + std::size_t{static_cast<std::size_t>(k)} * (d + 1);
-        eta[k] = dot_row(wk, xi, d) + wk[d];
-        m = std::max(m, eta[k]);
-      }
-      double z = 0;
-      for (int k = 0; k < c; ++k) z += std::exp(eta[k] - m);
-      const double lse = m + std::log(z);
-      const int yi = static_cast<int>(y[i]);
-      sum += eta[yi] - lse;
-      for (int k = 0; k < c; ++k) {
-        // d/d eta_k = 1[y = k] - softmax_k.
-        const double r = (k == yi ? 1.0 : 0.0) - std::exp(eta[k] - lse);
-        double* gk = g + static_cast<std::size_t>(k) * (d + 1);
-        add_scaled_row(r, xi, d, gk);
-        gk[d] += r;
-      }
-    }
-    return sum;
-  }
-  const double inv_var = 1.0 / (noise_sd * noise_sd);
-  const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
-  for (std::size_t i = 0; i < n; ++i) {
-    const double* xi = x.data() + i * static_cast<std::size_t>(d);
-    const double eta = dot_row(th, xi, d) + th[d];
-    double r = 0;  // d log p / d eta
-    switch (likelihood) {
-      case Likelihood::kLogistic:
-        // y eta - softplus(eta) = -softplus(-eta) for y = 1, -softplus(eta) for y = 0.
-        sum += y[i] > 0.5 ? -softplus(-eta) : -softplus(eta);
-        r = y[i] - 1.0 / (1.0 + std::exp(-eta));
-        break;
-      case Likelihood::kLinear:
-        sum += lin_const - 0.5 * (y[i] - eta) * (y[i] - eta) * inv_var;
-        r = (y[i] - eta) * inv_var;
-        break;
-      case Likelihood::kPoisson: {
-        const double mu = std::exp(eta);
-        sum += y[i] * eta - mu - std::lgamma(y[i] + 1);
-        r = y[i] - mu;
-        break;
-      }
-      case Likelihood::kSoftmax:
-        break;  // handled above
-    }
-    add_scaled_row(r, xi, d, g);
-    g[d] += r;
-  }
-  return sum;
+  double f = 0;
+  loglik_draws(theta, 1, x, y, {&f, 1}, grad);
+  return f;
 }
 
 void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
