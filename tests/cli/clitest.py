@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -120,3 +121,49 @@ class Checks:
 def summary(r):
     """The last line of a run's stdout, its JSON summary."""
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class MemoryCap:
+    """A memory cap on a process tree: a cgroup (v1 memory controller) whose limit is `mb` MB.
+    Pass `enter` as subprocess's preexec_fn: the child (e.g. mpirun) joins the cgroup before exec,
+    so it and every rank it starts share the cap. cgroup v2 is not used because its controllers
+    must be delegated first, and `ulimit -v` caps address space, not memory. Needs root and
+    /sys/fs/cgroup/memory: `MemoryCap(...)` raises OSError otherwise (the caller skips).
+    Use as a context manager; the cgroup is removed on exit."""
+
+    def __init__(self, name, mb):
+        self.path = "/sys/fs/cgroup/memory/caviar_%s_%d" % (name, os.getpid())
+        os.makedirs(self.path)
+        try:
+            self._write("memory.limit_in_bytes", "%dM" % mb)
+        except OSError:
+            os.rmdir(self.path)
+            raise
+
+    def _write(self, name, value):
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def enter(self):
+        self._write("cgroup.procs", str(os.getpid()))
+
+    def reset_peak(self):
+        self._write("memory.max_usage_in_bytes", "0")
+
+    def peak_mb(self):
+        """The cgroup's peak usage since creation or reset_peak(), page cache included."""
+        with open(os.path.join(self.path, "memory.max_usage_in_bytes")) as f:
+            return int(f.read()) / 2**20
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for attempt in range(20):  # a killed rank may take a moment to leave the cgroup
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError as e:
+                if attempt == 19:
+                    print("warning: could not remove %s: %s" % (self.path, e))
+                time.sleep(0.5)

@@ -20,13 +20,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from clitest import Checks, fresh_workdir, h5_differences, mpirun, summary  # noqa: E402
+from clitest import (Checks, MemoryCap, fresh_workdir, h5_differences, mpirun,  # noqa: E402
+                     summary)
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
@@ -36,7 +36,6 @@ check, run = checks.check, checks.run
 CAP_MB = 150
 N_STEPS, D = 4_800_000, 8  # 293 MB of float64
 STREAM_RSS_MB = 60
-CGROUP = "/sys/fs/cgroup/memory/caviar_hmm_stream_%d" % os.getpid()
 
 
 def no_timing(j):
@@ -101,8 +100,8 @@ def write_big(f):
         h["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
 
 
-def timed(ranks, args, capped):
-    """Runs caviar under /usr/bin/time at `ranks` ranks (in the cgroup if capped): the result and
+def timed(ranks, args, cap=None):
+    """Runs caviar under /usr/bin/time at `ranks` ranks (under the MemoryCap `cap` if given): the result and
     every rank's peak resident memory in MB."""
     # Each rank's /usr/bin/time writes its own file: their lines on mpirun's forwarded stderr can
     # interleave, and a run once reported one rank's peak instead of two.
@@ -113,12 +112,8 @@ def timed(ranks, args, capped):
                '"$@"')
     cmd = mpirun(ranks) + ["sh", "-c", wrapper, out, caviar] + args
 
-    def enter_cgroup():
-        with open(os.path.join(CGROUP, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       preexec_fn=enter_cgroup if capped else None)
+                       preexec_fn=cap.enter if cap else None)
     rss = []
     for name in sorted(os.listdir(out)):
         with open(os.path.join(out, name)) as f:
@@ -128,72 +123,64 @@ def timed(ranks, args, capped):
 
 def memory():
     try:
-        os.makedirs(CGROUP)
-        with open(os.path.join(CGROUP, "memory.limit_in_bytes"), "w") as f:
-            f.write("%dM" % CAP_MB)
+        cap = MemoryCap("hmm_stream", CAP_MB)
     except OSError as e:
         print("SKIP memory part: cannot create a memory cgroup (%s); needs root and cgroup v1" % e)
         return 77
-    try:
-        data = path("big.h5")
-        write_big(data)
-        print("dataset %d x %d float64: %.0f MB on disk; cap %d MB on mpirun + 2 ranks"
-              % (N_STEPS, D, os.path.getsize(data) / 2**20, CAP_MB), flush=True)
-        fit = ["-q", "hmm", "fit", "--data", data, "--states", "3", "--emission", "gaussian",
-               "--covariance", "diag", "--max-iter", "2", "--tol", "0", "--seed", "1"]
-        decode = ["-q", "hmm", "decode", "--data", data]
-        r, rss = timed(2, fit + ["--out", path("big_mem.h5")], capped=False)
-        check(r.returncode == 0, "in-memory fit without the cap")
-        if r.returncode != 0:
-            print(r.stderr[-2000:])
-            return 1
-        shard = N_STEPS * D * 8 / 2 / 2**20
-        print("in memory, no cap: peak RSS per rank %s MB (shard of /X: %.0f MB)"
-              % (["%.0f" % v for v in rss], shard))
-        check(len(rss) == 2 and min(rss) > shard, "in memory, each rank holds its shard")
-        r, rss = timed(2, decode + ["--model", path("big_mem.h5"), "--out", path("big_paths_mem.h5")],
-                       capped=False)
-        check(r.returncode == 0, "in-memory decode without the cap")
+    with cap:
+        try:
+            return capped_runs(cap)
+        finally:
+            for f in ("big.h5", "big_paths_mem.h5", "big_paths_s.h5"):
+                try:
+                    os.remove(path(f))
+                except OSError:
+                    pass
 
-        with open(os.path.join(CGROUP, "memory.max_usage_in_bytes"), "w") as f:
-            f.write("0")
-        r, rss = timed(2, fit + ["--stream", "--out", path("big_s.h5")], capped=True)
-        with open(os.path.join(CGROUP, "memory.max_usage_in_bytes")) as f:
-            peak = int(f.read()) / 2**20
-        if r.returncode != 0:
-            print(r.stderr[-2000:])
-        print("--stream fit under the cap: rc %d, peak RSS per rank %s MB, cgroup peak %.0f MB "
-              "(page cache included)" % (r.returncode, ["%.0f" % v for v in rss], peak))
-        check(r.returncode == 0 and len(rss) == 2 and max(rss) < STREAM_RSS_MB
-              and not h5_differences(path("big_mem.h5"), path("big_s.h5")),
-              f"fit --stream under the {CAP_MB} MB cap: completes, ranks under {STREAM_RSS_MB} MB,"
-              " model == in memory")
-        r, rss = timed(2, decode + ["--model", path("big_mem.h5"), "--out",
-                                    path("big_paths_s.h5"), "--stream"], capped=True)
-        print("--stream decode under the cap: rc %d, peak RSS per rank %s MB"
-              % (r.returncode, ["%.0f" % v for v in rss]))
-        check(r.returncode == 0 and len(rss) == 2 and max(rss) < STREAM_RSS_MB
-              and not h5_differences(path("big_paths_mem.h5"), path("big_paths_s.h5")),
-              f"decode --stream under the cap: completes, ranks under {STREAM_RSS_MB} MB,"
-              " paths == in memory")
-        r, rss = timed(2, fit + ["--out", path("big_mem_capped.h5")], capped=True)
-        print("in-memory fit under the cap: rc %d" % r.returncode)
-        check(r.returncode != 0, "in-memory fit under the cap is killed (the cap binds)")
-        return 0
-    finally:
-        for f in ("big.h5", "big_paths_mem.h5", "big_paths_s.h5"):
-            try:
-                os.remove(path(f))
-            except OSError:
-                pass
-        for attempt in range(20):  # a killed rank may take a moment to leave the cgroup
-            try:
-                os.rmdir(CGROUP)
-                break
-            except OSError as e:
-                if attempt == 19:
-                    print("warning: could not remove %s: %s" % (CGROUP, e))
-                time.sleep(0.5)
+
+def capped_runs(cap):
+    data = path("big.h5")
+    write_big(data)
+    print("dataset %d x %d float64: %.0f MB on disk; cap %d MB on mpirun + 2 ranks"
+          % (N_STEPS, D, os.path.getsize(data) / 2**20, CAP_MB), flush=True)
+    fit = ["-q", "hmm", "fit", "--data", data, "--states", "3", "--emission", "gaussian",
+           "--covariance", "diag", "--max-iter", "2", "--tol", "0", "--seed", "1"]
+    decode = ["-q", "hmm", "decode", "--data", data]
+    r, rss = timed(2, fit + ["--out", path("big_mem.h5")])
+    check(r.returncode == 0, "in-memory fit without the cap")
+    if r.returncode != 0:
+        print(r.stderr[-2000:])
+        return 1
+    shard = N_STEPS * D * 8 / 2 / 2**20
+    print("in memory, no cap: peak RSS per rank %s MB (shard of /X: %.0f MB)"
+          % (["%.0f" % v for v in rss], shard))
+    check(len(rss) == 2 and min(rss) > shard, "in memory, each rank holds its shard")
+    r, rss = timed(2, decode + ["--model", path("big_mem.h5"), "--out", path("big_paths_mem.h5")])
+    check(r.returncode == 0, "in-memory decode without the cap")
+
+    cap.reset_peak()
+    r, rss = timed(2, fit + ["--stream", "--out", path("big_s.h5")], cap=cap)
+    peak = cap.peak_mb()
+    if r.returncode != 0:
+        print(r.stderr[-2000:])
+    print("--stream fit under the cap: rc %d, peak RSS per rank %s MB, cgroup peak %.0f MB "
+          "(page cache included)" % (r.returncode, ["%.0f" % v for v in rss], peak))
+    check(r.returncode == 0 and len(rss) == 2 and max(rss) < STREAM_RSS_MB
+          and not h5_differences(path("big_mem.h5"), path("big_s.h5")),
+          f"fit --stream under the {CAP_MB} MB cap: completes, ranks under {STREAM_RSS_MB} MB,"
+          " model == in memory")
+    r, rss = timed(2, decode + ["--model", path("big_mem.h5"), "--out",
+                                path("big_paths_s.h5"), "--stream"], cap=cap)
+    print("--stream decode under the cap: rc %d, peak RSS per rank %s MB"
+          % (r.returncode, ["%.0f" % v for v in rss]))
+    check(r.returncode == 0 and len(rss) == 2 and max(rss) < STREAM_RSS_MB
+          and not h5_differences(path("big_paths_mem.h5"), path("big_paths_s.h5")),
+          f"decode --stream under the cap: completes, ranks under {STREAM_RSS_MB} MB,"
+          " paths == in memory")
+    r, rss = timed(2, fit + ["--out", path("big_mem_capped.h5")], cap=cap)
+    print("in-memory fit under the cap: rc %d" % r.returncode)
+    check(r.returncode != 0, "in-memory fit under the cap is killed (the cap binds)")
+    return 0
 
 
 bitwise()

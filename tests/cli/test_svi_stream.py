@@ -24,11 +24,10 @@ import time
 import h5py
 import numpy as np
 
-from clitest import fresh_workdir, mpirun
+from clitest import MemoryCap, fresh_workdir, mpirun
 
 CAP_MB = 150
 N, D = 1_200_000, 32  # 307 MB of float64
-CGROUP = "/sys/fs/cgroup/memory/caviar_svi_stream_%d" % os.getpid()
 
 
 def write_data(path):
@@ -42,20 +41,16 @@ def write_data(path):
             ds[b:b + n] = centers[z] + rng.normal(size=(n, D))
 
 
-def fit(caviar, data, out, stream, capped):
+def fit(caviar, data, out, stream, cap=None):
     cmd = mpirun(2) + [caviar, "gmm", "fit", "--data", data + ":/X", "--components", "4",
                        "--algorithm", "svi", "--batch-size", "20000", "--max-iter", "1",
                        "--tol", "0", "--init", "random", "--seed", "3", "--out", out]
     if stream:
         cmd.append("--stream")
 
-    def enter_cgroup():
-        with open(os.path.join(CGROUP, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-
     t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       preexec_fn=enter_cgroup if capped else None)
+                       preexec_fn=cap.enter if cap else None)
     return r, time.time() - t0
 
 
@@ -63,55 +58,52 @@ def main():
     caviar, work = sys.argv[1], sys.argv[2]
     p = fresh_workdir(work)
     try:
-        os.makedirs(CGROUP)
-        with open(os.path.join(CGROUP, "memory.limit_in_bytes"), "w") as f:
-            f.write("%dM" % CAP_MB)
+        cap = MemoryCap("svi_stream", CAP_MB)
     except OSError as e:
         print("SKIP: cannot create a memory cgroup (%s); needs root and cgroup v1 memory" % e)
         return 77
-    try:
-        data = p("big.h5")
-        write_data(data)
-        mb = os.path.getsize(data) / 2**20
-        print("dataset %d x %d float64: %.0f MB on disk; cap %d MB on mpirun + 2 ranks"
-              % (N, D, mb, CAP_MB))
-        assert mb > 2 * CAP_MB * 0.95 - 1
-
-        free, dt = fit(caviar, data, p("mem.h5"), stream=False, capped=False)
-        if free.returncode != 0:
-            raise SystemExit("FAIL: in-memory SVI without cap:\n" + free.stderr[-2000:])
-        e_free = json.loads(free.stdout.strip().splitlines()[-1])["elbo"]
-        print("in-memory, no cap: elbo %.12e (%.1fs)" % (e_free, dt))
-
-        capped, dt = fit(caviar, data, p("stream.h5"), stream=True, capped=True)
-        if capped.returncode != 0:
-            raise SystemExit("FAIL: --stream under the %d MB cap (rc %d):\n%s"
-                             % (CAP_MB, capped.returncode, capped.stderr[-2000:]))
-        e_cap = json.loads(capped.stdout.strip().splitlines()[-1])["elbo"]
-        with open(os.path.join(CGROUP, "memory.max_usage_in_bytes")) as f:
-            peak = int(f.read()) / 2**20
-        print("--stream, capped:  elbo %.12e (%.1fs), cgroup peak %.0f MB" % (e_cap, dt, peak))
-        rel = abs(e_cap - e_free) / abs(e_free)
-        if not rel < 1e-12:
-            raise SystemExit("FAIL: streamed ELBO differs from in-memory by %.2e relative" % rel)
-
-        # The cap is real: the in-memory fit (each rank holds half the data) cannot run under it.
-        mem, dt = fit(caviar, data, p("mem_capped.h5"), stream=False, capped=True)
-        if mem.returncode == 0:
-            raise SystemExit("FAIL: in-memory SVI completed under the cap: the cap is not binding")
-        print("in-memory under the cap fails as expected (rc %d, %.1fs)" % (mem.returncode, dt))
-        print("PASS")
-        return 0
-    finally:
-        for f in ("big.h5",):
+    with cap:
+        try:
+            return run(caviar, p, cap)
+        finally:
             try:
-                os.remove(p(f))
+                os.remove(p("big.h5"))
             except OSError:
                 pass
-        try:
-            os.rmdir(CGROUP)
-        except OSError as e:
-            print("warning: could not remove %s: %s" % (CGROUP, e))
+
+
+def run(caviar, p, cap):
+    data = p("big.h5")
+    write_data(data)
+    mb = os.path.getsize(data) / 2**20
+    print("dataset %d x %d float64: %.0f MB on disk; cap %d MB on mpirun + 2 ranks"
+          % (N, D, mb, CAP_MB))
+    assert mb > 2 * CAP_MB * 0.95 - 1
+
+    free, dt = fit(caviar, data, p("mem.h5"), stream=False)
+    if free.returncode != 0:
+        raise SystemExit("FAIL: in-memory SVI without cap:\n" + free.stderr[-2000:])
+    e_free = json.loads(free.stdout.strip().splitlines()[-1])["elbo"]
+    print("in-memory, no cap: elbo %.12e (%.1fs)" % (e_free, dt))
+
+    capped, dt = fit(caviar, data, p("stream.h5"), stream=True, cap=cap)
+    if capped.returncode != 0:
+        raise SystemExit("FAIL: --stream under the %d MB cap (rc %d):\n%s"
+                         % (CAP_MB, capped.returncode, capped.stderr[-2000:]))
+    e_cap = json.loads(capped.stdout.strip().splitlines()[-1])["elbo"]
+    print("--stream, capped:  elbo %.12e (%.1fs), cgroup peak %.0f MB"
+          % (e_cap, dt, cap.peak_mb()))
+    rel = abs(e_cap - e_free) / abs(e_free)
+    if not rel < 1e-12:
+        raise SystemExit("FAIL: streamed ELBO differs from in-memory by %.2e relative" % rel)
+
+    # The cap is real: the in-memory fit (each rank holds half the data) cannot run under it.
+    mem, dt = fit(caviar, data, p("mem_capped.h5"), stream=False, cap=cap)
+    if mem.returncode == 0:
+        raise SystemExit("FAIL: in-memory SVI completed under the cap: the cap is not binding")
+    print("in-memory under the cap fails as expected (rc %d, %.1fs)" % (mem.returncode, dt))
+    print("PASS")
+    return 0
 
 
 if __name__ == "__main__":
