@@ -86,7 +86,7 @@ def main():
 
     # 2. Against scikit-learn from the same K points.
     iters = 15
-    s = fit(2, p("em.h5"), "--init", "random-from-data", "--seed", "7", "--max-iter", str(iters))
+    fit(2, p("em.h5"), "--init", "random-from-data", "--seed", "7", "--max-iter", str(iters))
     ours = read(p("em.h5"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
