@@ -179,6 +179,38 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
   // encode
   auto model = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
+  auto so = std::make_shared<vae::ScoreOptions>();
+  auto* sc = vae->add_subcommand(
+      "score",
+      "Mean ELBO and importance-weighted log p(x) per row of a dataset (Burda et al. 2016)");
+  sc->add_option("--model", so->model, "Model file written by vae train")->required();
+  sc->add_option("--data", so->data, "Data FILE.h5[:/path]")->required();
+  sc->add_option("--importance-samples", so->importance_samples,
+                 "k: samples of q(z | x) per row for the log p(x) estimate")
+      ->capture_default_str();
+  sc->add_option("--seed", so->seed, "Seed of the draws (keyed by row and sample)")
+      ->capture_default_str();
+  sc->add_option("--out", so->out, "Optional HDF5 output: /log_px (N, float64)");
+  sc->callback([&ctx, so] {
+    ctx.action = [&ctx, so] {
+      print_progress(ctx, "caviar vae score: " + so->data + ", " +
+                              std::to_string(so->importance_samples) +
+                              " importance samples per row");
+      so->progress = [&ctx](double f) {
+        print_progress(ctx,
+                       "  " + std::to_string(static_cast<int>(100 * f)) + "% of rank 0's rows");
+      };
+      const vae::ScoreResult r = vae::score(*ctx.comm, *so);
+      nlohmann::ordered_json j;
+      j["n"] = r.n;
+      j["importance_samples"] = r.importance_samples;
+      j["elbo"] = r.elbo;
+      j["log_px"] = r.log_px;
+      j["seconds"] = r.seconds;
+      print_summary(ctx, j);
+    };
+  });
+
   auto* enc = vae->add_subcommand("encode", "Write each row's posterior mean and log-variance");
   enc->add_option("--model", *model, "Model file written by vae train")->required();
   enc->add_option("--data", *data, "Data FILE.h5[:/path]")->required();

@@ -1,5 +1,6 @@
 #include "inference/vae_driver.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -34,6 +35,8 @@ double seconds_since(Clock::time_point t0) {
 // Noise steps reserved for evaluation and generation, far above any training step.
 constexpr std::uint32_t kEvalStep = 0xFFFFFFFFu;
 constexpr std::uint32_t kSampleStep = 0xFFFFFFFEu;
+constexpr std::uint32_t kImportanceStep = 0xFFFFFFFDu;
+constexpr std::uint32_t kFirstReservedStep = kImportanceStep;
 
 // Checks that every value is finite and, for the Bernoulli likelihood, in [0, 1]. Returns the
 // first problem ("" if none). `first_row` is the global index of column 0.
@@ -314,7 +317,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   ck.open(!o.checkpoint.empty() || !o.resume.empty() ? fingerprint(comm, o, ref, shape)
                                                      : ckpt::Fingerprint("vae"));
   const std::int64_t steps_per_epoch = (shape.rows + o.batch_size - 1) / o.batch_size;
-  if (static_cast<double>(o.epochs) * steps_per_epoch >= kSampleStep)
+  if (static_cast<double>(o.epochs) * steps_per_epoch >= kFirstReservedStep)
     throw Error("too many training steps for the 32-bit noise counter");
 
   GradientFit model(layout, data, xavier_init(layout, o.seed), o.samples, o.seed);
@@ -511,6 +514,94 @@ std::int64_t encode(const Comm& comm, const std::string& model, const std::strin
   w.write_rows("logvar", s.shape.rows, s.range, lv.data(), {static_cast<std::uint64_t>(z)});
   w.commit();
   return s.shape.rows;
+}
+
+namespace {
+
+// Samples per forward pass of the importance-weighted bound: the pieces a row's k samples are
+// computed in, a constant, so the running log-sum-exp is the same at any rank or thread count.
+constexpr int kImportancePiece = 128;
+
+// log (1/k) sum_s w_s for one row (Burda, Grosse & Salakhutdinov 2016, eq. 8), its k weights
+// computed in pieces and combined by a running log-sum-exp in double.
+double importance_log_px(Network<float>& net, const float* params, const Mat<float>& x,
+                         std::int64_t row, int k, int z, std::uint64_t seed, Mat<float>& eps,
+                         Eigen::MatrixXd& logw) {
+  double m = -std::numeric_limits<double>::infinity(), acc = 0;
+  for (int first = 0; first < k; first += kImportancePiece) {
+    const int count = std::min(kImportancePiece, k - first);
+    fill_noise_samples(eps, row, first, count, k, z, seed, kImportanceStep);
+    net.log_weights(params, x, eps, count, logw);
+    const double piece_max = logw.maxCoeff();
+    if (!std::isfinite(piece_max)) return piece_max;  // NaN or -inf: reported by the caller
+    if (piece_max > m) {
+      acc *= std::exp(m - piece_max);
+      m = piece_max;
+    }
+    acc += (logw.array() - m).exp().sum();
+  }
+  return m + std::log(acc) - std::log(static_cast<double>(k));
+}
+
+}  // namespace
+
+ScoreResult score(const Comm& comm, const ScoreOptions& o) {
+  if (o.importance_samples < 1)
+    throw Error("--importance-samples must be >= 1 (got " + std::to_string(o.importance_samples) +
+                ")");
+  if (!o.out.empty())
+    io::check_output_path(comm, o.out, {o.model, io::DataRef::parse(o.data).file});
+  const auto t0 = Clock::now();
+  LoadedModel m = load_model(comm, o.model);
+  const FloatShard s =
+      load_float_shard(comm, o.data, m.layout.arch.likelihood, m.layout.input_dim());
+  ScoreResult r;
+  r.n = s.shape.rows;
+  r.importance_samples = o.importance_samples;
+  r.elbo = evaluate_elbo(comm, m.layout, m.params.data(), s, 1, o.seed) /
+           static_cast<double>(s.shape.rows);
+
+  // Per row, then summed in fixed blocks in block order (as evaluate_elbo): the same total at any
+  // rank or thread count.
+  const std::int64_t n_blocks = (s.shape.rows + kBlockRows - 1) / kBlockRows;
+  std::vector<double> block_sums(static_cast<std::size_t>(n_blocks), 0.0);
+  std::vector<double> log_px(static_cast<std::size_t>(s.range.size()));
+  const int threads = max_threads(), z = m.layout.latent();
+  std::vector<Network<float>> nets(static_cast<std::size_t>(threads), Network<float>(m.layout));
+  std::vector<Mat<float>> xs(threads), eps(threads);
+  std::vector<Eigen::MatrixXd> logw(threads);
+  std::atomic<std::int64_t> done{0};
+  const bool report = o.progress && comm.is_root();
+  auto last = Clock::now();
+  parallel_blocks(s.range.size(), kBlockRows, threads, [&](int t, std::int64_t b, std::int64_t e) {
+    double sum = 0;
+    for (std::int64_t i = b; i < e; ++i) {
+      xs[t] = s.x.col(i);
+      log_px[i] = importance_log_px(nets[t], m.params.data(), xs[t], s.range.begin + i,
+                                    o.importance_samples, z, o.seed, eps[t], logw[t]);
+      sum += log_px[i];
+    }
+    block_sums[(s.range.begin + b) / kBlockRows] = sum;
+    done += e - b;
+    if (report && t == 0 && seconds_since(last) > 10) {
+      last = Clock::now();
+      o.progress(static_cast<double>(done.load()) / static_cast<double>(s.range.size()));
+    }
+  });
+  comm.allreduce_sum(std::span<double>(block_sums));
+  double total = 0;
+  for (double v : block_sums) total += v;
+  if (!std::isfinite(total))
+    throw Error("the importance-weighted estimate of log p(x) is not finite for some row of " +
+                o.data + " (a weight overflowed or the model gives it zero density)");
+  r.log_px = total / static_cast<double>(s.shape.rows);
+  if (!o.out.empty()) {
+    io::ParallelRowWriter w(comm, o.out);
+    w.write_rows("log_px", s.shape.rows, s.range, log_px.data(), {});
+    w.commit();
+  }
+  r.seconds = seconds_since(t0);
+  return r;
 }
 
 }  // namespace caviar::vae

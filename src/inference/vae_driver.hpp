@@ -91,4 +91,24 @@ std::int64_t manifold(const Comm& comm, const ImageOptions& o, int grid);
 std::int64_t encode(const Comm& comm, const std::string& model, const std::string& data,
                     const std::string& out);
 
+// vae score: the mean ELBO per row (one sample, as vae train --test reports it) and the
+// importance-weighted estimate of log p(x) per row with k samples (Burda, Grosse &
+// Salakhutdinov 2016), a lower bound that tightens to log p(x) as k grows. The draws are keyed by
+// (seed, row, sample), so the result is the same at any rank or thread count. `out`, if given,
+// gets /log_px (N, float64), each rank writing its own rows.
+struct ScoreOptions {
+  std::string model, data, out;
+  int importance_samples = 5000;
+  std::uint64_t seed = 0;
+  // Called on rank 0 now and then with the fraction of its rows done (thread 0 only).
+  std::function<void(double)> progress;
+};
+struct ScoreResult {
+  std::int64_t n = 0;
+  int importance_samples = 0;
+  double elbo = 0, log_px = 0;  // nats per row
+  double seconds = 0;
+};
+ScoreResult score(const Comm& comm, const ScoreOptions& o);
+
 }  // namespace caviar::vae

@@ -79,18 +79,35 @@ ParamVec xavier_init(const Layout& layout, std::uint64_t seed) {
   return p;
 }
 
+namespace {
+// Samples [first, first + count) of row `row`'s `total` into columns [col, col + count) of eps:
+// the Z normals of sample k are pairs (row total + k) (Z + 1) / 2 + q of the (seed, step) stream.
+void noise_into(Mat<float>& eps, std::int64_t col, std::int64_t row, std::int64_t first,
+                std::int64_t count, std::int64_t total, int z, const CounterRng& rng,
+                std::uint32_t step) {
+  const std::int64_t pairs = (z + 1) / 2;
+  for (std::int64_t k = 0; k < count; ++k)
+    for (std::int64_t q = 0; q < pairs; ++q) {
+      const auto e =
+          rng.normal2(static_cast<std::uint64_t>((row * total + first + k) * pairs + q), step);
+      eps(2 * q, col + k) = static_cast<float>(e[0]);
+      if (2 * q + 1 < z) eps(2 * q + 1, col + k) = static_cast<float>(e[1]);
+    }
+}
+}  // namespace
+
 void fill_noise(Mat<float>& eps, const std::int64_t* rows, std::int64_t n, int s, int z,
                 std::uint64_t seed, std::uint32_t step) {
   const CounterRng rng(seed, Stream::kVaeNoise);
-  const std::int64_t pairs = (z + 1) / 2;
   eps.resize(z, n * s);
-  for (std::int64_t c = 0; c < n; ++c)
-    for (int k = 0; k < s; ++k)
-      for (std::int64_t q = 0; q < pairs; ++q) {
-        const auto e = rng.normal2(static_cast<std::uint64_t>((rows[c] * s + k) * pairs + q), step);
-        eps(2 * q, c * s + k) = static_cast<float>(e[0]);
-        if (2 * q + 1 < z) eps(2 * q + 1, c * s + k) = static_cast<float>(e[1]);
-      }
+  for (std::int64_t c = 0; c < n; ++c) noise_into(eps, c * s, rows[c], 0, s, s, z, rng, step);
+}
+
+void fill_noise_samples(Mat<float>& eps, std::int64_t row, std::int64_t first, int count,
+                        std::int64_t total, int z, std::uint64_t seed, std::uint32_t step) {
+  const CounterRng rng(seed, Stream::kVaeNoise);
+  eps.resize(z, count);
+  noise_into(eps, 0, row, first, count, total, z, rng, step);
 }
 
 double normal_quantile(double p) {

@@ -78,6 +78,12 @@ using engine::AdamConfig;
 void fill_noise(Mat<float>& eps, const std::int64_t* rows, std::int64_t n, int s, int z,
                 std::uint64_t seed, std::uint32_t step);
 
+// Samples [first, first + count) of the `total` samples of one row, keyed as fill_noise keys
+// sample k of that row with S = total: a row's k draws are the same whatever piece size they are
+// computed in.
+void fill_noise_samples(Mat<float>& eps, std::int64_t row, std::int64_t first, int count,
+                        std::int64_t total, int z, std::uint64_t seed, std::uint32_t step);
+
 // The standard normal quantile Phi^{-1}(p), 0 < p < 1 (for the manifold grid, Bruno 2022,
 // Figure 4.6).
 double normal_quantile(double p);
@@ -95,6 +101,12 @@ class Network {
   // params).
   double run(const T* params, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
              Eigen::VectorXd* elbo_rows = nullptr);
+
+  // The importance weights of S samples z_s ~ q(z | x) per row (Burda, Grosse & Salakhutdinov
+  // 2016, eq. 8): logw(s, i) = log p(x_i | z) + log N(z; 0, I) - log q(z | x_i) at
+  // z = mu_i + sigma_i eps(:, i S + s), with log q = -1/2 sum_j (log 2 pi + lv_j + eps_j^2).
+  void log_weights(const T* params, const Mat<T>& x, const Mat<T>& eps, int s,
+                   Eigen::MatrixXd& logw);
 
   // Encoder only: mu and log sigma^2, Z x n each.
   void encode(const T* params, const Mat<T>& x, Mat<T>& mu, Mat<T>& logvar);
@@ -211,6 +223,40 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
     }
   }
   return total;
+}
+
+template <class T>
+void Network<T>::log_weights(const T* p, const Mat<T>& x, const Mat<T>& eps, int s,
+                             Eigen::MatrixXd& logw) {
+  const int zdim = layout_->latent();
+  const Eigen::Index n = x.cols();
+  encoder_forward(p, x);
+  const auto mu = head_.topRows(zdim);
+  const auto lv = head_.bottomRows(zdim);
+  reparameterise<T>(mu, lv, eps, s, z_);
+  decoder_forward(p, z_);
+  const Mat<T>* xr = &x;
+  if (s > 1) {
+    x_rep_.resize(x.rows(), n * s);
+    for (Eigen::Index i = 0; i < n; ++i)
+      for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
+    xr = &x_rep_;
+  }
+  if (layout_->arch.likelihood == Likelihood::kBernoulli)
+    bernoulli_loglik<T>(out_, *xr, ll_, T(1), nullptr);
+  else
+    gaussian_loglik<T>(out_, *xr, ll_, T(1), nullptr);
+  logw.resize(s, n);
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const double sum_lv = lv.col(i).template cast<double>().sum();
+    for (int k = 0; k < s; ++k) {
+      const Eigen::Index c = i * s + k;
+      // log N(z; 0, I) - log q(z | x): the log 2 pi terms cancel.
+      const double log_prior = -0.5 * z_.col(c).template cast<double>().squaredNorm();
+      const double log_q = -0.5 * (sum_lv + eps.col(c).template cast<double>().squaredNorm());
+      logw(k, i) = ll_(c) + log_prior - log_q;
+    }
+  }
 }
 
 template <class T>
