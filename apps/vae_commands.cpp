@@ -65,6 +65,10 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
   train->add_option("--weight-decay", o->weight_decay, "L2 weight decay")->capture_default_str();
   train->add_option("--samples", o->samples, "Reparameterised samples S per row")
       ->capture_default_str();
+  train
+      ->add_option("--posterior", o->posterior,
+                   "Encoder covariance: diagonal | full (Cholesky factor, Kingma & Welling 2019)")
+      ->capture_default_str();
   train->add_option("--likelihood", o->likelihood, "bernoulli (data in [0,1]) | gaussian")
       ->check(CLI::IsMember({"bernoulli", "gaussian"}))
       ->capture_default_str();

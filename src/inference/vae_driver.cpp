@@ -139,6 +139,9 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io:
   fp.add("hidden", hidden, "--hidden");
   fp.add("latent", static_cast<std::int64_t>(o.latent), "--latent");
   fp.add("likelihood", o.likelihood, "--likelihood");
+  // Only for a full posterior, so that the checkpoints of diagonal runs stay resumable.
+  if (parse_posterior(o.posterior) == Posterior::kFull)
+    fp.add("posterior", o.posterior, "--posterior");
   fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
   fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
   fp.add("samples", static_cast<std::int64_t>(o.samples), "--samples");
@@ -154,6 +157,9 @@ void write_architecture(io::FileWriter& w, const Architecture& a) {
   w.attr("input_dim", static_cast<std::int64_t>(a.input_dim));
   w.attr("latent", static_cast<std::int64_t>(a.latent));
   w.attr("likelihood", to_string(a.likelihood));
+  // Written for a full posterior only: a file without it has a diagonal one (as every file of
+  // earlier versions), and diagonal model files keep their bits.
+  if (a.posterior == Posterior::kFull) w.attr("posterior", to_string(a.posterior));
 }
 
 Architecture read_architecture(const io::FileReader& r, const std::string& file) {
@@ -166,6 +172,7 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   a.input_dim = static_cast<int>(ckpt::read_int(r, "input_dim", 1, INT_MAX, bad));
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
+  if (r.has_attr("posterior")) a.posterior = parse_posterior(r.read_string_attr("posterior"));
   return a;
 }
 
@@ -176,10 +183,12 @@ void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
     write_architecture(w, layout.arch);
     // Weights by layer name; a layer with two heads is saved as two (rows split evenly).
     for (const Dense* d : layout.layers()) {
-      const int rows = d->out / static_cast<int>(d->parts.size());
+      std::int64_t row0 = 0;
       for (std::size_t k = 0; k < d->parts.size(); ++k) {
-        const float* wp = res.params.data() + d->w + static_cast<std::int64_t>(k) * rows * d->in;
-        const float* bp = res.params.data() + d->b + static_cast<std::int64_t>(k) * rows;
+        const int rows = d->rows[k];
+        const float* wp = res.params.data() + d->w + row0 * d->in;
+        const float* bp = res.params.data() + d->b + row0;
+        row0 += rows;
         w.write(d->parts[k] + "/W",
                 std::vector<double>(wp, wp + static_cast<std::int64_t>(rows) * d->in),
                 {static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(d->in)});
@@ -229,6 +238,7 @@ void validate(const TrainOptions& o, std::int64_t n) {
 // Cheap argument checks, so that bad flags fail before any file is read.
 void check_architecture(const TrainOptions& o) {
   parse_likelihood(o.likelihood);
+  parse_posterior(o.posterior);
   if (o.latent < 1) throw Error("--latent must be >= 1 (got " + std::to_string(o.latent) + ")");
   if (o.hidden.empty()) throw Error("--hidden needs at least one width");
   for (int h : o.hidden)
@@ -309,7 +319,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   const io::MatrixShape shape = io::inspect_matrix(comm, ref);
   validate(o, shape.rows);
   const Layout layout(Architecture{static_cast<int>(shape.cols), o.hidden, o.latent,
-                                   parse_likelihood(o.likelihood)});
+                                   parse_likelihood(o.likelihood), parse_posterior(o.posterior)});
   const Mat<float> data = load_all_rows(comm, ref, shape, layout.arch.likelihood);
   std::optional<FloatShard> test;
   if (!o.test.empty())
@@ -356,8 +366,9 @@ LoadedModel load_model(const Comm& comm, const std::string& file) {
     Layout layout(a);
     ParamVec p(static_cast<std::size_t>(layout.n_params));
     for (const Dense* d : layout.layers()) {
-      const std::int64_t rows = d->out / static_cast<int>(d->parts.size());
+      std::int64_t row0 = 0;
       for (std::size_t k = 0; k < d->parts.size(); ++k) {
+        const std::int64_t rows = d->rows[k];
         io::Dims dims;
         const auto w = r.read(d->parts[k] + "/W", &dims);
         const auto b = r.read(d->parts[k] + "/b");
@@ -365,9 +376,9 @@ LoadedModel load_model(const Comm& comm, const std::string& file) {
             static_cast<std::int64_t>(b.size()) != rows)
           throw Error("'" + file + "': " + d->parts[k] +
                       " has the wrong shape for its architecture");
-        std::copy(w.begin(), w.end(),
-                  p.begin() + d->w + static_cast<std::int64_t>(k) * rows * d->in);
-        std::copy(b.begin(), b.end(), p.begin() + d->b + static_cast<std::int64_t>(k) * rows);
+        std::copy(w.begin(), w.end(), p.begin() + d->w + row0 * d->in);
+        std::copy(b.begin(), b.end(), p.begin() + d->b + row0);
+        row0 += rows;
       }
     }
     model.emplace(LoadedModel{std::move(layout), std::move(p)});

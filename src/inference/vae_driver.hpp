@@ -31,6 +31,7 @@ struct TrainOptions {
   double weight_decay = 0.0;
   int samples = 1;  // S, reparameterised samples per row
   std::string likelihood = "bernoulli";
+  std::string posterior = "diagonal";  // of the encoder: diagonal | full
   std::uint64_t seed = 0;
   int micro_blocks = 4;             // micro-blocks per global batch (independent of the ranks)
   std::string reduction = "exact";  // exact (int64 fixed point) | fast (double, rank-dependent)

@@ -275,6 +275,7 @@ def main():
         ("resume: missing checkpoint", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("nope_ck.h5"), "--out", out), "nope_ck.h5: no such file"),
         ("vae resume: a gmm checkpoint", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("ck.h5"), "--out", out], "it was written by gmm, not vae"),
         ("vae resume: another data file", 2, [caviar, "vae", "train", "--data", p("other.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("vae_ck.h5"), "--out", out], "its data differ from this run's --data"),
+        ("vae train: unknown --posterior", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--posterior", "lowrank", "--out", out], "unknown --posterior 'lowrank'"),
         ("vae score: no importance samples", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good.h5"), "--importance-samples", "0"], "--importance-samples must be >= 1"),
         ("vae score: data of another width", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good3d.h5")], "columns; the model has"),
         ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),

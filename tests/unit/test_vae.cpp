@@ -1,6 +1,8 @@
 // The VAE's layers and network against finite differences (in double) and closed forms.
 #include <gtest/gtest.h>
 
+#include <Eigen/LU>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -203,8 +205,9 @@ TEST(VaeLayers, ReparameterisationBackwardMatchesFiniteDifferences) {
 
 // The whole network: dL/dtheta for L = -sum_i ELBO_i, every parameter, both likelihoods and
 // several hidden layers and samples.
-void check_network(Likelihood lik, std::vector<int> hidden, int s) {
-  Architecture a{6, hidden, 2, lik};
+void check_network(Likelihood lik, std::vector<int> hidden, int s,
+                   Posterior post = Posterior::kDiagonal, int z = 2) {
+  Architecture a{6, hidden, z, lik, post};
   const Layout layout(a);
   const ParamVec pf = xavier_init(layout, 3);
   std::vector<double> p(pf.begin(), pf.end());
@@ -213,7 +216,7 @@ void check_network(Likelihood lik, std::vector<int> hidden, int s) {
     for (int i = 0; i < d->out; ++i) p[d->b + i] = 0.1 * std::sin(1.0 + d->b + i);
   const int n = 4;
   const MatD x = lik == Likelihood::kBernoulli ? random_mat(6, n, 17, 0, 1) : random_mat(6, n, 17);
-  const MatD eps = random_mat(2, n * s, 18, -1.5, 1.5);
+  const MatD eps = random_mat(z, n * s, 18, -1.5, 1.5);
   Network<double> net(layout);
   std::vector<double> g(p.size());
   Eigen::VectorXd rows;
@@ -231,6 +234,63 @@ TEST(VaeNetwork, GradientMatchesFiniteDifferencesGaussian) {
 }
 TEST(VaeNetwork, GradientMatchesFiniteDifferencesNoHiddenLayer) {
   check_network(Likelihood::kBernoulli, {}, 3);
+}
+
+TEST(VaeNetwork, GradientMatchesFiniteDifferencesFullPosterior) {
+  check_network(Likelihood::kBernoulli, {5}, 2, Posterior::kFull, 3);
+  check_network(Likelihood::kGaussian, {}, 1, Posterior::kFull, 4);
+}
+
+// The full posterior's ELBO term by term at one sample: z = mu + L eps with
+// L = M (.) L' + diag(sigma), the KL of N(mu, L L^T) from N(0, I) in closed form (Dense Eigen
+// algebra here, independent of the network's loops), and the Gaussian log-likelihood of the
+// decoder's output at that z.
+TEST(VaeNetwork, FullPosteriorElboMatchesADirectComputation) {
+  const int d = 3, z = 3;
+  const Layout layout(Architecture{d, {}, z, Likelihood::kGaussian, Posterior::kFull});
+  ASSERT_EQ(layout.lower(), 3);
+  ASSERT_EQ(layout.encoder.back().rows, (std::vector<int>{3, 3, 3}));
+  std::vector<double> p(static_cast<std::size_t>(layout.n_params));
+  std::mt19937_64 gen(5);
+  std::uniform_real_distribution<double> u(-0.7, 0.7);
+  for (double& v : p) v = u(gen);
+  const MatD x = random_mat(d, 1, 6), eps = random_mat(z, 1, 7);
+  Network<double> net(layout);
+  const double elbo = net.run(p.data(), x, eps, 1, nullptr);
+
+  const Dense& h = layout.encoder.back();
+  const MatD head = Eigen::Map<const Eigen::Matrix<double, -1, -1, Eigen::RowMajor>>(p.data() + h.w,
+                                                                                     h.out, h.in) *
+                        x +
+                    Eigen::Map<const MatD>(p.data() + h.b, h.out, 1);
+  const Eigen::VectorXd mu = head.col(0).head(z), lv = head.col(0).segment(z, z);
+  Eigen::MatrixXd L = Eigen::MatrixXd::Zero(z, z);
+  for (int i = 0, e = 0; i < z; ++i) {
+    L(i, i) = std::exp(lv[i] / 2);
+    for (int j = 0; j < i; ++j, ++e) L(i, j) = head(2 * z + e, 0);
+  }
+  const Eigen::VectorXd zz = mu + L * eps.col(0);
+  const Eigen::MatrixXd cov = L * L.transpose();
+  const double kl = 0.5 * (cov.trace() + mu.squaredNorm() - z - std::log(cov.determinant()));
+  const Dense& o = layout.decoder.back();
+  const Eigen::VectorXd out = Eigen::Map<const Eigen::Matrix<double, -1, -1, Eigen::RowMajor>>(
+                                  p.data() + o.w, o.out, o.in) *
+                                  zz +
+                              Eigen::Map<const Eigen::VectorXd>(p.data() + o.b, o.out);
+  double ll = 0;
+  for (int i = 0; i < d; ++i) {
+    const double m = out[i], v = out[d + i], r = x(i, 0) - m;
+    ll += -0.5 * (std::log(2 * std::numbers::pi) + v + r * r * std::exp(-v));
+  }
+  EXPECT_NEAR(elbo, ll - kl, 1e-12);
+
+  // The importance weight at the same draw: log p(x | z) + log N(z; 0, I) - log q(z | x).
+  Eigen::MatrixXd logw;
+  net.log_weights(p.data(), x, eps, 1, logw);
+  const double log_q = -0.5 * (z * std::log(2 * std::numbers::pi) + eps.squaredNorm()) -
+                       std::log(L.diagonal().prod());
+  const double log_prior = -0.5 * (z * std::log(2 * std::numbers::pi) + zz.squaredNorm());
+  EXPECT_NEAR(logw(0, 0), ll + log_prior - log_q, 1e-12);
 }
 
 TEST(VaeNetwork, LayoutOfTheSeedNetwork) {

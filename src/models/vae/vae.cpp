@@ -20,39 +20,55 @@ std::string to_string(Likelihood l) {
   return l == Likelihood::kBernoulli ? "bernoulli" : "gaussian";
 }
 
+Posterior parse_posterior(const std::string& s) {
+  if (s == "diagonal") return Posterior::kDiagonal;
+  if (s == "full") return Posterior::kFull;
+  throw Error("unknown --posterior '" + s + "' (expected diagonal or full)");
+}
+
+std::string to_string(Posterior p) {
+  return p == Posterior::kDiagonal ? "diagonal" : "full";
+}
+
 Layout::Layout(const Architecture& a) : arch(a) {
   if (a.input_dim < 1) throw Error("the VAE input dimension must be >= 1");
   if (a.latent < 1) throw Error("--latent must be >= 1 (got " + std::to_string(a.latent) + ")");
   for (int h : a.hidden)
     if (h < 1) throw Error("--hidden widths must be >= 1 (got " + std::to_string(h) + ")");
   auto aligned = [](std::int64_t i) { return (i + kParamAlign - 1) / kParamAlign * kParamAlign; };
-  auto add = [&](std::vector<Dense>& where, std::vector<std::string> parts, int in, int out) {
+  auto add = [&](std::vector<Dense>& where, std::vector<std::string> parts, std::vector<int> rows,
+                 int in) {
     Dense d;
     d.parts = std::move(parts);
+    d.rows = std::move(rows);
     d.in = in;
-    d.out = out;
+    for (int r : d.rows) d.out += r;
     d.w = n_params;
-    d.b = aligned(n_params + static_cast<std::int64_t>(in) * out);
-    n_params = aligned(d.b + out);
+    d.b = aligned(n_params + static_cast<std::int64_t>(in) * d.out);
+    n_params = aligned(d.b + d.out);
     where.push_back(std::move(d));
   };
   int in = a.input_dim;
   for (std::size_t l = 0; l < a.hidden.size(); ++l) {
-    add(encoder, {"encoder/hidden" + std::to_string(l)}, in, a.hidden[l]);
+    add(encoder, {"encoder/hidden" + std::to_string(l)}, {a.hidden[l]}, in);
     in = a.hidden[l];
   }
   // mu and log sigma^2 as one layer (Kingma & Welling 2014, appendix C.2): rows [0, Z) and
-  // [Z, 2Z).
-  add(encoder, {"encoder/mu", "encoder/logvar"}, in, 2 * a.latent);
+  // [Z, 2Z); a full posterior's L' entries follow.
+  if (a.posterior == Posterior::kFull)
+    add(encoder, {"encoder/mu", "encoder/logvar", "encoder/lower"},
+        {a.latent, a.latent, a.latent * (a.latent - 1) / 2}, in);
+  else
+    add(encoder, {"encoder/mu", "encoder/logvar"}, {a.latent, a.latent}, in);
   in = a.latent;
   for (std::size_t l = a.hidden.size(); l-- > 0;) {
-    add(decoder, {"decoder/hidden" + std::to_string(a.hidden.size() - 1 - l)}, in, a.hidden[l]);
+    add(decoder, {"decoder/hidden" + std::to_string(a.hidden.size() - 1 - l)}, {a.hidden[l]}, in);
     in = a.hidden[l];
   }
   if (a.likelihood == Likelihood::kBernoulli)
-    add(decoder, {"decoder/logits"}, in, a.input_dim);
+    add(decoder, {"decoder/logits"}, {a.input_dim}, in);
   else
-    add(decoder, {"decoder/mean", "decoder/logvar"}, in, 2 * a.input_dim);
+    add(decoder, {"decoder/mean", "decoder/logvar"}, {a.input_dim, a.input_dim}, in);
 }
 
 std::vector<const Dense*> Layout::layers() const {
@@ -66,14 +82,16 @@ ParamVec xavier_init(const Layout& layout, std::uint64_t seed) {
   ParamVec p(static_cast<std::size_t>(layout.n_params), 0.0f);
   const CounterRng rng(seed, Stream::kVaeInit);
   for (const Dense* d : layout.layers()) {
-    // Each head of a split layer is its own Linear(in, out / parts) for the fan-out.
-    const double fan_out = static_cast<double>(d->out) / static_cast<double>(d->parts.size());
-    const double a = std::sqrt(6.0 / (d->in + fan_out));
-    const std::int64_t n = static_cast<std::int64_t>(d->in) * d->out;
-    for (std::int64_t i = 0; i < n; ++i) {
-      const std::int64_t g = d->w + i;  // global parameter index: the key of the draw
-      const double u = rng.uniform2(static_cast<std::uint64_t>(g / 2), 0)[g % 2];
-      p[static_cast<std::size_t>(g)] = static_cast<float>(a * (2.0 * u - 1.0));
+    std::int64_t g = d->w;  // global parameter index: the key of the draw
+    for (std::size_t k = 0; k < d->parts.size(); ++k) {
+      // Each head of a split layer is its own Linear(in, rows) for the fan-out. The lower
+      // triangle of a full posterior starts at zero: the fit starts from the diagonal posterior.
+      const double a = std::sqrt(6.0 / (d->in + static_cast<double>(d->rows[k])));
+      const bool zero = d->parts[k] == "encoder/lower";
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(d->in) * d->rows[k]; ++i, ++g) {
+        const double u = rng.uniform2(static_cast<std::uint64_t>(g / 2), 0)[g % 2];
+        p[static_cast<std::size_t>(g)] = zero ? 0.0f : static_cast<float>(a * (2.0 * u - 1.0));
+      }
     }
   }
   return p;

@@ -25,18 +25,29 @@ enum class Likelihood { kBernoulli, kGaussian };
 Likelihood parse_likelihood(const std::string& s);
 std::string to_string(Likelihood l);
 
+// The encoder's Gaussian q(z | x): diagonal covariance (Kingma & Welling 2014, appendix C.2), or
+// full, with the Cholesky factor L = M (.) L' + diag(sigma) (Kingma & Welling 2019, section 2.5.2;
+// Bruno 2022, eqs. 4.22-4.26): the encoder also outputs the Z (Z - 1) / 2 entries of the strictly
+// lower-triangular L'.
+enum class Posterior { kDiagonal, kFull };
+Posterior parse_posterior(const std::string& s);
+std::string to_string(Posterior p);
+
 struct Architecture {
   int input_dim = 0;
   std::vector<int> hidden;  // encoder hidden widths; the decoder uses them in reverse order
   int latent = 0;
   Likelihood likelihood = Likelihood::kBernoulli;
+  Posterior posterior = Posterior::kDiagonal;
 };
 
 // One dense layer's place in the parameter buffer: W (out x in, row-major) at offset w, then b
-// (out) at offset b. A layer with several parts (the encoder's mu and log-variance heads) splits
-// its rows evenly between them; each part is saved under its own name.
+// (out) at offset b. A layer with several parts (the encoder's mu, log-variance and, for a full
+// posterior, lower-triangle heads) splits its rows between them, part k having rows[k] of them;
+// each part is saved under its own name.
 struct Dense {
   std::vector<std::string> parts;
+  std::vector<int> rows;  // per part; they sum to out
   int in = 0, out = 0;
   std::int64_t w = 0, b = 0;
 };
@@ -60,6 +71,10 @@ struct Layout {
   explicit Layout(const Architecture& a);
   std::vector<const Dense*> layers() const;
   int latent() const { return arch.latent; }
+  // Entries of the strictly lower-triangular L' (0 for a diagonal posterior).
+  int lower() const {
+    return arch.posterior == Posterior::kFull ? arch.latent * (arch.latent - 1) / 2 : 0;
+  }
   int input_dim() const { return arch.input_dim; }
 };
 
@@ -120,7 +135,12 @@ class Network {
 
   const Layout* layout_;
   std::vector<Mat<T>> enc_a_, dec_a_;
-  Mat<T> head_, z_, out_, x_rep_, d_, d2_, dhead_, dmu_, dlv_;
+  // z += L' eps for a full posterior (the strictly lower triangle, row by row: entry (i, j), j < i,
+  // at row i (i - 1) / 2 + j of lower), and its backward pass into dL/dL'.
+  void add_lower(const T* lower, const Mat<T>& eps, int s);
+  void add_lower_backward(const Mat<T>& eps, const Mat<T>& dz, int s, Mat<T>& dlower) const;
+
+  Mat<T> head_, z_, out_, x_rep_, d_, d2_, dhead_, dmu_, dlv_, dlow_;
   Eigen::VectorXd ll_, kl_;
 };
 
@@ -163,8 +183,10 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
   const Eigen::Index n = x.cols();
   encoder_forward(p, x);
   const auto mu = head_.topRows(zdim);
-  const auto lv = head_.bottomRows(zdim);
+  const auto lv = head_.middleRows(zdim, zdim);
   reparameterise<T>(mu, lv, eps, s, z_);
+  const int nl = layout_->lower();
+  if (nl) add_lower(head_.data() + 2 * zdim, eps, s);
   decoder_forward(p, z_);
 
   // x repeated for each of the S samples (no copy when S = 1).
@@ -184,6 +206,19 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
   else
     gaussian_loglik<T>(out_, *xr, ll_, inv_s, dout);
   kl_standard_normal<T>(mu, lv, kl_, T(1), grad ? &dmu_ : nullptr, grad ? &dlv_ : nullptr);
+  if (nl) {
+    // KL(N(mu, L L^T) || N(0, I)) = 1/2 (tr(L L^T) + mu^T mu - Z - log det(L L^T)), and
+    // tr(L L^T) = sum sigma^2 + sum L'^2, det L = prod sigma: the diagonal KL plus 1/2 sum L'^2,
+    // whose gradient is L'.
+    const auto low = head_.bottomRows(nl);
+    kl_ += (T(0.5) * low.array().square())
+               .colwise()
+               .sum()
+               .transpose()
+               .template cast<double>()
+               .matrix();
+    if (grad) dlow_ = low;
+  }
 
   // Per-row ELBO in double: -KL + (1/S) sum_s log p(x | z_s).
   double total = 0;
@@ -208,9 +243,11 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
   }
   // d_ = dL/dz. Through the reparameterisation into dL/dmu, dL/dlv (KL gradients already there).
   reparameterise_backward<T>(lv, eps, d_, s, dmu_, dlv_);
-  dhead_.resize(2 * zdim, n);
+  if (nl) add_lower_backward(eps, d_, s, dlow_);
+  dhead_.resize(2 * zdim + nl, n);
   dhead_.topRows(zdim) = dmu_;
-  dhead_.bottomRows(zdim) = dlv_;
+  dhead_.middleRows(zdim, zdim) = dlv_;
+  if (nl) dhead_.bottomRows(nl) = dlow_;
   d_.swap(dhead_);
   const auto& enc = layout_->encoder;
   for (std::size_t l = enc.size(); l-- > 0;) {
@@ -232,8 +269,10 @@ void Network<T>::log_weights(const T* p, const Mat<T>& x, const Mat<T>& eps, int
   const Eigen::Index n = x.cols();
   encoder_forward(p, x);
   const auto mu = head_.topRows(zdim);
-  const auto lv = head_.bottomRows(zdim);
+  const auto lv = head_.middleRows(zdim, zdim);
   reparameterise<T>(mu, lv, eps, s, z_);
+  // log q(z | x) below is the same for a full posterior: det L = prod sigma.
+  if (layout_->lower()) add_lower(head_.data() + 2 * zdim, eps, s);
   decoder_forward(p, z_);
   const Mat<T>* xr = &x;
   if (s > 1) {
@@ -260,11 +299,37 @@ void Network<T>::log_weights(const T* p, const Mat<T>& x, const Mat<T>& eps, int
 }
 
 template <class T>
+void Network<T>::add_lower(const T* lower, const Mat<T>& eps, int s) {
+  const int zdim = layout_->latent();
+  const Eigen::Index n = head_.cols();
+  for (Eigen::Index i = 0; i < n; ++i) {
+    const T* l = lower + i * head_.rows();  // column i of head_, rows [2Z, 2Z + nl)
+    for (int k = 0; k < s; ++k) {
+      const Eigen::Index c = i * s + k;
+      for (int a = 1, e = 0; a < zdim; ++a)
+        for (int b = 0; b < a; ++b, ++e) z_(a, c) += l[e] * eps(b, c);
+    }
+  }
+}
+
+template <class T>
+void Network<T>::add_lower_backward(const Mat<T>& eps, const Mat<T>& dz, int s,
+                                    Mat<T>& dlower) const {
+  const int zdim = layout_->latent();
+  for (Eigen::Index i = 0; i < dlower.cols(); ++i)
+    for (int k = 0; k < s; ++k) {
+      const Eigen::Index c = i * s + k;
+      for (int a = 1, e = 0; a < zdim; ++a)
+        for (int b = 0; b < a; ++b, ++e) dlower(e, i) += dz(a, c) * eps(b, c);
+    }
+}
+
+template <class T>
 void Network<T>::encode(const T* p, const Mat<T>& x, Mat<T>& mu, Mat<T>& logvar) {
   const int zdim = layout_->latent();
   encoder_forward(p, x);
   mu = head_.topRows(zdim);
-  logvar = head_.bottomRows(zdim);
+  logvar = head_.middleRows(zdim, zdim);
 }
 
 template <class T>
