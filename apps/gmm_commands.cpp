@@ -10,6 +10,58 @@
 
 namespace caviar::app {
 
+namespace {
+
+// gmm sample --data: a Gibbs chain (inference/gmm_driver.hpp's sample_chain).
+void run_chain(Context& ctx, gmm::ChainOptions c, const std::string& cov, const std::string& init,
+               std::uint64_t seed, const std::string& out, const engine::CheckpointFiles& files) {
+  gmm::FitOptions& o = c.fit;
+  o.covariance = gmm::parse_covariance(cov);
+  o.seed = seed;
+  o.out = out;
+  // A keyword or FILE.h5:/dataset (responsibilities) is gmm fit's --init; a bare file is a model.
+  if (init == "kmeans++" || init == "random" || init == "random-from-data" ||
+      init.find(':') != std::string::npos)
+    o.init = init;
+  else
+    o.init_params = init;
+  o.checkpoint = files.checkpoint;
+  o.checkpoint_every = files.every;
+  o.resume = files.resume;
+  o.command = ctx.command_line;
+  o.version = CAVIAR_VERSION;
+  print_progress(ctx, "caviar gmm sample: " + o.data + ", K=" + std::to_string(o.components) +
+                          ", " + c.sampler + " Gibbs, " + cov + " covariance, " +
+                          std::to_string(c.sweeps) + " sweeps, " +
+                          std::to_string(ctx.comm->size()) + " ranks x " +
+                          std::to_string(max_threads()) + " threads");
+  const auto r = gmm::sample_chain(*ctx.comm, c, [&ctx](const engine::Report& it) {
+    char line[200];
+    if (std::isnan(it.heldout))
+      std::snprintf(line, sizeof line, "sweep %5d  log joint % .10e  %8.3fs", it.iteration,
+                    it.objective, it.seconds);
+    else
+      std::snprintf(line, sizeof line, "sweep %5d  log joint % .10e  heldout % .6f  %8.3fs",
+                    it.iteration, it.objective, it.heldout, it.seconds);
+    print_progress(ctx, line);
+  });
+  if (!o.out.empty()) print_progress(ctx, "wrote chain " + o.out);
+  if (!o.labels.empty()) print_progress(ctx, "wrote labels " + o.labels);
+  nlohmann::ordered_json j;
+  j["sampler"] = c.sampler;
+  j["log_joint"] = r.log_joint;
+  if (r.heldout) j["heldout"] = *r.heldout;
+  j["sweeps"] = r.sweeps;
+  j["draws"] = r.draws;
+  j["seconds"] = r.seconds;
+  j["n"] = r.n;
+  j["ranks"] = ctx.comm->size();
+  j["threads"] = max_threads();
+  print_summary(ctx, j);
+}
+
+}  // namespace
+
 void add_gmm_commands(CLI::App& cli, Context& ctx) {
   auto* gmm = cli.add_subcommand("gmm", "Gaussian mixture: variational Bayes (CAVI, SVI) or EM");
   gmm->require_subcommand(1);
@@ -212,21 +264,83 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
     };
   });
 
-  // sample
+  // sample: rows from a fitted model (--model), or a Gibbs chain on data (--data)
   auto n_rows = std::make_shared<std::int64_t>(0);
   auto seed = std::make_shared<std::uint64_t>(0);
-  auto* sample = gmm->add_subcommand("sample", "Draw rows from a fitted mixture (/X and /labels)");
-  sample->add_option("--model", *model, "Model file written by gmm fit")->required();
-  sample->add_option("--n", *n_rows, "Rows to draw")->required();
-  sample->add_option("--seed", *seed, "Random seed (the rows do not depend on the rank count)");
-  sample->add_option("--out", *out, "File to write (HDF5: /X, /labels)")->required();
-  sample->callback([&ctx, model, n_rows, seed, out] {
-    ctx.action = [&ctx, model, n_rows, seed, out] {
-      gmm::sample(*ctx.comm, *model, *n_rows, *seed, *out);
-      nlohmann::ordered_json j;
-      j["n"] = *n_rows;
-      j["out"] = *out;
-      print_summary(ctx, j);
+  auto chain = std::make_shared<gmm::ChainOptions>();
+  auto chain_cov = std::make_shared<std::string>("full");
+  auto chain_init = std::make_shared<std::string>("kmeans++");
+  auto* sample = gmm->add_subcommand(
+      "sample",
+      "Draw rows from a fitted mixture (--model: /X and /labels), or run a Gibbs sampler of the "
+      "Bayesian mixture on data (--data: chain file of traces and draws)");
+  sample->add_option("--model", *model, "Model file written by gmm fit (draw rows from it)");
+  sample->add_option("--n", *n_rows, "With --model: rows to draw");
+  sample->add_option("--seed", *seed, "Random seed (no result depends on the rank count)");
+  sample
+      ->add_option("--out", *out,
+                   "File to write (HDF5). --model: /X, /labels; --data: the chain (trace/, "
+                   "draws/)")
+      ->required();
+  sample->add_option("--data", chain->fit.data,
+                     "Run a Gibbs chain on FILE.h5[:/path] (default path /X), N x D");
+  sample->add_option("-k,--components", chain->fit.components, "--data: number of components K");
+  sample
+      ->add_option("--sampler", chain->sampler,
+                   "--data: blocked (labels | parameters, then parameters | labels; exact at "
+                   "any rank count) | collapsed (not implemented yet)")
+      ->capture_default_str();
+  sample->add_option("--covariance", *chain_cov, "--data: full | diag")
+      ->check(CLI::IsMember({"full", "diag"}))
+      ->capture_default_str();
+  sample->add_option("--sweeps", chain->sweeps, "--data: sweeps of the chain")
+      ->capture_default_str();
+  sample->add_option("--burn-in", chain->burn_in, "--data: sweeps before the first recorded draw")
+      ->capture_default_str();
+  sample->add_option("--thin", chain->thin, "--data: record every thin-th sweep after burn-in")
+      ->capture_default_str();
+  sample
+      ->add_option("--init", *chain_init,
+                   "--data: the start: kmeans++ | random | random-from-data | MODEL.h5 (a "
+                   "model file of gmm fit) | FILE.h5:/resp (N x K)")
+      ->capture_default_str();
+  sample->add_option("--kmeans-iter", chain->fit.kmeans_iter, "Lloyd steps after k-means++ seeding")
+      ->capture_default_str();
+  sample->add_option("--alpha0", chain->fit.alpha0, "Dirichlet weight concentration (default 1/K)");
+  sample->add_option("--beta0", chain->fit.beta0, "Mean precision scaling (default 1)");
+  sample->add_option("--nu0", chain->fit.nu0, "Wishart degrees of freedom (default D)");
+  sample->add_option("--prior-mean", chain->fit.prior_mean, "zero | data (m0 = data mean)")
+      ->check(CLI::IsMember({"zero", "data"}))
+      ->capture_default_str();
+  sample
+      ->add_option("--prior-scale", chain->fit.prior_scale,
+                   "identity | data (W0^-1 = data covariance)")
+      ->check(CLI::IsMember({"identity", "data"}))
+      ->capture_default_str();
+  sample->add_option("--heldout", chain->fit.heldout,
+                     "--data: held-out FILE.h5[:/path]: its average log predictive density "
+                     "under each sweep's parameters (trace/heldout)");
+  sample->add_option("--labels", chain->fit.labels,
+                     "--data: write the last sweep's labels (HDF5, /labels)");
+  auto files = std::make_shared<engine::CheckpointFiles>();
+  engine::add_checkpoint_options(sample, *files);
+  sample->callback([&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files] {
+    const bool with_data = !chain->fit.data.empty();
+    if (with_data) ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
+    ctx.action = [&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files, with_data] {
+      if (with_data == !model->empty())
+        throw Error(
+            "gmm sample needs exactly one of --data (run a Gibbs chain) and --model (draw rows "
+            "from a fitted model)");
+      if (!with_data) {
+        gmm::sample(*ctx.comm, *model, *n_rows, *seed, *out);
+        nlohmann::ordered_json j;
+        j["n"] = *n_rows;
+        j["out"] = *out;
+        print_summary(ctx, j);
+        return;
+      }
+      run_chain(ctx, *chain, *chain_cov, *chain_init, *seed, *out, *files);
     };
   });
 }

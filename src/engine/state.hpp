@@ -39,6 +39,13 @@ struct LocalState {
   std::string row_noun = "row";
 };
 
+// One named part of a sampler's recorded draw, e.g. the means (K x D); a draw is its parts
+// concatenated (engine/sampler.hpp).
+struct DrawPart {
+  std::string name;
+  Dims dims;
+};
+
 class StateReader {
  public:
   virtual ~StateReader() = default;

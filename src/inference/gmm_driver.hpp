@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "engine/run.hpp"
 #include "models/gmm/gmm.hpp"
 
 namespace caviar::gmm {
@@ -119,5 +120,26 @@ std::int64_t predict(const Comm& comm, const std::string& model_file, const std:
 // their components as /labels, in parallel. Row i depends only on (seed, i).
 void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std::uint64_t seed,
             const std::string& out);
+
+// A Gibbs chain of the Bayesian mixture (gmm sample --data): the blocked sampler of
+// models/gmm_gibbs/blocked.hpp on the engine's sampler driver (engine/sampler.hpp). `fit` holds
+// the data, K, covariance, priors, seed, start (init / init_params), --heldout, --out (the chain
+// file), --labels and the checkpoint options, with the meanings they have for gmm fit.
+struct ChainOptions {
+  FitOptions fit;
+  std::string sampler = "blocked";  // blocked | collapsed (not implemented yet)
+  int sweeps = 200, burn_in = 0, thin = 1;
+};
+
+struct ChainResult {
+  int sweeps = 0;
+  std::int64_t draws = 0;
+  double log_joint = 0;           // of the last sweep
+  std::optional<double> heldout;  // of the last sweep's parameters
+  double seconds = 0;             // of sampling (held-out evaluation excluded)
+  std::int64_t n = 0;
+};
+
+ChainResult sample_chain(const Comm& comm, const ChainOptions& c, const engine::Progress& progress);
 
 }  // namespace caviar::gmm

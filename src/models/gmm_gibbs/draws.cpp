@@ -87,46 +87,56 @@ Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_
   return p;
 }
 
-void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,
-                 std::int64_t first_row, std::uint64_t seed, std::uint64_t sweep,
-                 std::span<std::int64_t> labels, std::span<double> terms) {
-  const int k_n = static_cast<int>(p.weights.size()), d = static_cast<int>(x.cols());
-  const bool diag = cov == gmm::Covariance::kDiag;
+LabelKernel::LabelKernel(const Params& p, gmm::Covariance cov)
+    : p_(p), diag_(cov == gmm::Covariance::kDiag) {
+  const int k_n = static_cast<int>(p.weights.size()), d = static_cast<int>(p.means.cols());
   // Per component: the Cholesky factor L of Lambda (full) and log pi + log det(Lambda) / 2 -
   // D log(2 pi) / 2.
-  std::vector<Eigen::MatrixXd> chol(k_n);
-  Eigen::VectorXd offset(k_n);
+  chol_.resize(static_cast<std::size_t>(k_n));
+  offset_.resize(k_n);
   for (int k = 0; k < k_n; ++k) {
     double half_logdet = 0;
-    if (diag) {
+    if (diag_) {
       for (int j = 0; j < d; ++j) half_logdet += 0.5 * std::log(p.precision[k](j, 0));
     } else {
       const Eigen::LLT<Eigen::MatrixXd> llt(p.precision[k]);
       if (llt.info() != Eigen::Success)
         throw Error("a drawn precision matrix is not positive definite");
-      chol[k] = llt.matrixL();
-      for (int j = 0; j < d; ++j) half_logdet += std::log(chol[k](j, j));
+      chol_[k] = llt.matrixL();
+      for (int j = 0; j < d; ++j) half_logdet += std::log(chol_[k](j, j));
     }
-    offset[k] = std::log(p.weights[k]) + half_logdet - 0.5 * d * std::log(2 * std::numbers::pi);
+    offset_[k] = std::log(p.weights[k]) + half_logdet - 0.5 * d * std::log(2 * std::numbers::pi);
   }
-  const CounterRng rng(seed, Stream::kGibbsLabels);
-  Eigen::VectorXd logp(k_n), diff(d);
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    for (int k = 0; k < k_n; ++k) {
-      diff = x.row(i).transpose() - p.means.row(k).transpose();
-      double q = 0;
-      if (diag) {
-        for (int j = 0; j < d; ++j) q += p.precision[k](j, 0) * diff[j] * diff[j];
-      } else {
-        // (x - mu)^T L L^T (x - mu) = |L^T (x - mu)|^2, summed in index order.
-        for (int j = 0; j < d; ++j) {
-          double v = 0;
-          for (int r = j; r < d; ++r) v += chol[k](r, j) * diff[r];
-          q += v * v;
-        }
+}
+
+void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i,
+                            Eigen::VectorXd& logp, Eigen::VectorXd& diff) const {
+  const int k_n = static_cast<int>(offset_.size()), d = static_cast<int>(x.cols());
+  for (int k = 0; k < k_n; ++k) {
+    diff = x.row(i).transpose() - p_.means.row(k).transpose();
+    double q = 0;
+    if (diag_) {
+      for (int j = 0; j < d; ++j) q += p_.precision[k](j, 0) * diff[j] * diff[j];
+    } else {
+      // (x - mu)^T L L^T (x - mu) = |L^T (x - mu)|^2, summed in index order.
+      for (int j = 0; j < d; ++j) {
+        double v = 0;
+        for (int r = j; r < d; ++r) v += chol_[k](r, j) * diff[r];
+        q += v * v;
       }
-      logp[k] = offset[k] - 0.5 * q;
     }
+    logp[k] = offset_[k] - 0.5 * q;
+  }
+}
+
+void LabelKernel::draw(const Eigen::Ref<const gmm::RowMatrix>& x, std::int64_t first_row,
+                       std::uint64_t seed, std::uint64_t sweep, std::span<std::int64_t> labels,
+                       std::span<double> terms) const {
+  const int k_n = static_cast<int>(offset_.size());
+  const CounterRng rng(seed, Stream::kGibbsLabels);
+  Eigen::VectorXd logp(k_n), diff(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    log_joint(x, i, logp, diff);
     double mx = logp[0];
     for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
     double total = 0;
@@ -145,6 +155,25 @@ void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,
     labels[static_cast<std::size_t>(i)] = z;
     terms[static_cast<std::size_t>(i)] = logp[z];
   }
+}
+
+void LabelKernel::log_density(const Eigen::Ref<const gmm::RowMatrix>& x,
+                              std::span<double> out) const {
+  const int k_n = static_cast<int>(offset_.size());
+  Eigen::VectorXd logp(k_n), diff(x.cols());
+  for (Eigen::Index i = 0; i < x.rows(); ++i) {
+    log_joint(x, i, logp, diff);
+    const double mx = logp.maxCoeff();
+    double total = 0;
+    for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
+    out[static_cast<std::size_t>(i)] = mx + std::log(total);
+  }
+}
+
+void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,
+                 std::int64_t first_row, std::uint64_t seed, std::uint64_t sweep,
+                 std::span<std::int64_t> labels, std::span<double> terms) {
+  LabelKernel(p, cov).draw(x, first_row, seed, sweep, labels, terms);
 }
 
 }  // namespace caviar::gmm_gibbs

@@ -42,6 +42,28 @@ Eigen::MatrixXd draw_bartlett(double nu, int dim, std::uint64_t seed, std::uint6
 Params draw_params(const gmm::Posterior& post, gmm::Covariance cov, std::uint64_t seed,
                    std::uint64_t sweep);
 
+// The per-component constants of the labels' conditional under one draw of the parameters
+// (Cholesky factors of Lambda_k, log pi_k + log det(Lambda_k) / 2 - D log(2 pi) / 2), computed
+// once per sweep and shared by every block of rows and thread. `p` must outlive the kernel.
+class LabelKernel {
+ public:
+  LabelKernel(const Params& p, gmm::Covariance cov);
+  // draw_labels over rows x (global rows first_row, first_row + 1, ...).
+  void draw(const Eigen::Ref<const gmm::RowMatrix>& x, std::int64_t first_row, std::uint64_t seed,
+            std::uint64_t sweep, std::span<std::int64_t> labels, std::span<double> terms) const;
+  // out[i] = log sum_k pi_k N(x_i | mu_k, Lambda_k^-1): the density of row i under this draw.
+  void log_density(const Eigen::Ref<const gmm::RowMatrix>& x, std::span<double> out) const;
+
+ private:
+  // logp[k] = log(pi_k N(x_i | mu_k, Lambda_k^-1)).
+  void log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i, Eigen::VectorXd& logp,
+                 Eigen::VectorXd& diff) const;
+  const Params& p_;
+  bool diag_;
+  std::vector<Eigen::MatrixXd> chol_;
+  Eigen::VectorXd offset_;
+};
+
 // The labels' full conditional given the parameters (Bruno 2022, eq. 2.21):
 //   p(z_n = k | x_n, pi, mu, Lambda) proportional to pi_k N(x_n | mu_k, Lambda_k^-1),
 // independent over rows. The rows x are global rows [first_row, first_row + x.rows()); row n's
