@@ -26,8 +26,10 @@ DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
         double& m = dmax[static_cast<std::size_t>(s)];
         m = std::max(m, std::isnan(v) ? std::numeric_limits<double>::infinity() : v);
       }
-  comm.allreduce_max(std::span<double>(dmax));
   DrawSums out;
+  const Stopwatch max_watch;
+  comm.allreduce_max(std::span<double>(dmax));
+  out.reduce_seconds += max_watch.seconds();
   out.kept.assign(static_cast<std::size_t>(samples), 1);
   double gmax = 0;
   for (int s = 0; s < samples; ++s) {
@@ -44,7 +46,9 @@ DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
     for (int s = 0; s < samples; ++s)
       if (out.kept[static_cast<std::size_t>(s)])
         add_fixed_point(vals.data() + k * r + s * width, width, e, acc.data() + s * width);
+  const Stopwatch sum_watch;
   comm.allreduce_sum(std::span<std::int64_t>(acc));
+  out.reduce_seconds += sum_watch.seconds();
   out.sums.resize(static_cast<std::size_t>(r));
   from_fixed_point(acc.data(), r, e, 1.0, out.sums.data());
   return out;

@@ -70,6 +70,7 @@ struct DrawSums {
   std::vector<double> sums;
   std::vector<std::uint8_t> kept;
   int dropped = 0;
+  double reduce_seconds = 0;  // in the two allreduces, waiting for other ranks included
 };
 DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
                       const std::vector<std::vector<std::int64_t>>& groups,
@@ -110,7 +111,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   BasicParams<double> g(lambda.size());
   DrawResult res;
   FitClock clock;
-  double local_seconds = 0;
+  double local_seconds = 0, reduce_seconds = 0;
   const std::int64_t window =
       std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
   const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
@@ -124,7 +125,8 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
         [&](std::int64_t k, std::span<double> out) {
           model.block(groups[static_cast<std::size_t>(k)], out);
         });
-    local_seconds += local.seconds();
+    local_seconds += local.seconds() - d.reduce_seconds;
+    reduce_seconds += d.reduce_seconds;
     res.dropped += d.dropped;
     if (2 * d.dropped > model.n_draws())
       throw Error("too many non-finite draws at step " + std::to_string(t + 1) + " (" +
@@ -148,7 +150,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     }
   }
   res.iterations = static_cast<int>(res.steps);
-  detail::finish(comm, local_seconds, 0, clock, res);
+  detail::finish(comm, local_seconds, reduce_seconds, clock, res);
   return res;
 }
 
