@@ -6,9 +6,9 @@
 //   gradient draws  S draws theta_s = r(eps_s, lambda), eps keyed by (seed, kBbviNoise, step);
 //                   per block and draw the log-likelihood sum and, for reparameterisation, its
 //                   gradient in theta; f_s = (N / B) sum + log prior(theta_s), an unbiased
-//                   estimate of the log joint (Hoffman et al. 2013, eq. 9)
+//                   estimate of the log joint (Hoffman et al. 2013)
 //   ELBO draws      --elbo-samples draws keyed by (seed, kBbviElbo, step) over every row:
-//                   mean_s log p(y, theta_s) + entropy(q) (Kucukelbir et al. 2017, eq. 5)
+//                   mean_s log p(y, theta_s) + entropy(q) (Kucukelbir et al. 2017)
 //   diagnostic      --diagnostic-samples draws keyed by (seed, kBbviElbo, 0): the log importance
 //                   ratios log p(y, theta_s) - log q(theta_s) for the Pareto k-hat (psis.hpp)
 #include <cstdint>
