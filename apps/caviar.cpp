@@ -11,6 +11,7 @@
 #include "core/isa.hpp"
 #include "core/signals.hpp"
 #include "inference/checkpoint.hpp"
+#include "models/bbvi/commands.hpp"
 #include "models/hmm/commands.hpp"
 #include "models/plsa/commands.hpp"
 
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   app::add_vae_commands(cli, ctx);
   plsa::add_commands(cli, ctx);
   hmm::add_commands(cli, ctx);
+  bbvi::add_commands(cli, ctx);
 
   // Every rank parses the same arguments, so every rank reaches the same verdict.
   try {

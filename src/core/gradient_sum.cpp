@@ -16,7 +16,9 @@ int fixed_point_exponent(double max_abs, std::int64_t n_terms) {
   return 61 - log2_terms - e;
 }
 
-void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
+namespace {
+template <class T>
+void add_fixed(const T* g, std::int64_t n, int exponent, std::int64_t* acc) {
   const double scale = std::ldexp(1.0, exponent);
   // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
   // every rank, and the integer additions are exact and associative. Scaled values are below
@@ -31,11 +33,26 @@ void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t*
   }
 }
 
+template <class T>
+void from_fixed(const std::int64_t* acc, std::int64_t n, int exponent, double divisor, T* out) {
+  const double inv = std::ldexp(1.0, -exponent) / divisor;
+  for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<double>(acc[i]) * inv);
+}
+}  // namespace
+
+void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
+  add_fixed(g, n, exponent, acc);
+}
+void add_fixed_point(const double* g, std::int64_t n, int exponent, std::int64_t* acc) {
+  add_fixed(g, n, exponent, acc);
+}
 void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
                       float* out) {
-  const double inv = std::ldexp(1.0, -exponent) / divisor;
-  for (std::int64_t i = 0; i < n; ++i)
-    out[i] = static_cast<float>(static_cast<double>(acc[i]) * inv);
+  from_fixed(acc, n, exponent, divisor, out);
+}
+void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
+                      double* out) {
+  from_fixed(acc, n, exponent, divisor, out);
 }
 
 double max_abs(const float* g, std::int64_t n) {

@@ -31,6 +31,8 @@ enum class Stream : std::uint32_t {
   kGibbsGamma = 20,    // Gibbs samplers of the mixture: Gamma draws (Dirichlet, Wishart)
   kGibbsNormal = 21,   // Gibbs samplers of the mixture: normal draws (Wishart, means)
   kGibbsLabels = 22,   // Gibbs samplers of the mixture: label draws, keyed by (row, sweep)
+  kBbviBatch = 23,     // black-box VI minibatch positions, keyed by (step, position)
+  kBbviElbo = 24,      // black-box VI draws of the ELBO estimate and of the k-hat diagnostic
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

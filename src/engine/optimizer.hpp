@@ -1,5 +1,6 @@
 #pragma once
-// The optimisers of the gradient driver (engine/gradient.hpp), on float32 parameter buffers:
+// The optimisers of the gradient drivers, on float32 (engine/gradient.hpp) or double
+// (engine/draws.hpp) parameter buffers:
 //
 //   Adam           Kingma & Ba 2015, Algorithm 1, with PyTorch's conventions: the bias-corrected
 //                  step lr / (1 - b1^t) and the denominator sqrt(v) / sqrt(1 - b2^t) + eps;
@@ -21,34 +22,38 @@
 namespace caviar::engine {
 
 // Parameter and gradient buffers: aligned to Eigen's largest packet (64 bytes with AVX-512).
-using Params = std::vector<float, Eigen::aligned_allocator<float>>;
+template <class T>
+using BasicParams = std::vector<T, Eigen::aligned_allocator<T>>;
+using Params = BasicParams<float>;
 
 struct AdamConfig {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
 };
-class Adam {
+template <class T>
+class BasicAdam {
  public:
-  Adam(AdamConfig cfg, std::int64_t n) : cfg_(cfg), m_(n, 0.0f), v_(n, 0.0f) {}
+  BasicAdam(AdamConfig cfg, std::int64_t n) : cfg_(cfg), m_(n, T(0)), v_(n, T(0)) {}
   // One step on every parameter: begin_step() then update() of [0, n).
-  void step(float* params, const float* g) {
+  void step(T* params, const T* g) {
     begin_step();
     update(params, g, 0, static_cast<std::int64_t>(m_.size()));
   }
   void begin_step();
-  void update(float* params, const float* g, std::int64_t begin, std::int64_t end);
+  void update(T* params, const T* g, std::int64_t begin, std::int64_t end);
   std::int64_t steps() const { return t_; }
-  Params& m() { return m_; }
-  Params& v() { return v_; }
-  const Params& m() const { return m_; }
-  const Params& v() const { return v_; }
+  BasicParams<T>& m() { return m_; }
+  BasicParams<T>& v() { return v_; }
+  const BasicParams<T>& m() const { return m_; }
+  const BasicParams<T>& v() const { return v_; }
   void set_steps(std::int64_t t) { t_ = t; }
 
  private:
   AdamConfig cfg_;
-  Params m_, v_;
+  BasicParams<T> m_, v_;
   std::int64_t t_ = 0;
-  float step_size_ = 0, inv_sqrt_bc2_ = 0;
+  T step_size_ = 0, inv_sqrt_bc2_ = 0;
 };
+using Adam = BasicAdam<float>;
 
 enum class Method { kAdam, kRobbinsMonro };
 Method parse_method(const std::string& s);  // "adam" | "robbins-monro"
@@ -59,21 +64,29 @@ struct OptimizerConfig {
   double tau0 = 1, kappa = 0.7;  // Robbins-Monro: rho_t = lr (tau0 + t)^-kappa
 };
 
-class Optimizer {
+template <class T>
+class BasicOptimizer {
  public:
-  Optimizer(const OptimizerConfig& cfg, std::int64_t n) : cfg_(cfg), adam_(cfg.adam, n), n_(n) {}
+  BasicOptimizer(const OptimizerConfig& cfg, std::int64_t n)
+      : cfg_(cfg), adam_(cfg.adam, n), n_(n) {}
   void begin_step();
-  void update(float* params, const float* g, std::int64_t begin, std::int64_t end);
+  void update(T* params, const T* g, std::int64_t begin, std::int64_t end);
   std::int64_t steps() const { return adam_.steps(); }
-  // "steps", and for Adam the moments "adam_m" and "adam_v" (float32 values, exact as doubles).
+  // "steps", and for Adam the moments "adam_m" and "adam_v" (values exact as doubles).
   void save(StateWriter& w) const;
   void load(const StateReader& r);
 
  private:
   OptimizerConfig cfg_;
-  Adam adam_;  // Robbins-Monro uses only its step counter
+  BasicAdam<T> adam_;  // Robbins-Monro uses only its step counter
   std::int64_t n_;
-  float rm_step_ = 0;
+  T rm_step_ = 0;
 };
+using Optimizer = BasicOptimizer<float>;
+
+extern template class BasicAdam<float>;
+extern template class BasicAdam<double>;
+extern template class BasicOptimizer<float>;
+extern template class BasicOptimizer<double>;
 
 }  // namespace caviar::engine

@@ -222,6 +222,16 @@ def main():
                                 "--symbols", "4", "--max-iter", "2", "--out", p("hmm_cm.h5")],
                    check=True, capture_output=True)
     hmm = lambda data, *rest: [caviar, "hmm", "fit", "--data", data, "--states", "2"] + list(rest)
+    bx = rng.normal(size=(600, 3))
+    by = (rng.random(600) < 0.5).astype(float)
+    for name, xx, yy in [("glm_good.h5", bx, by), ("glm_label2.h5", bx, np.where(np.arange(600) == 411, 2.0, by)),
+                         ("glm_short_y.h5", bx, by[:599]),
+                         ("glm_nan.h5", np.where(np.arange(1800).reshape(600, 3) == 1000, np.nan, bx), by)]:
+        with h5py.File(p(name), "w") as f:
+            f["X"] = xx
+            f["y"] = yy
+    bbvi = lambda data, *rest: [caviar, "bbvi", "fit", "--data", data + ":/X", "--response", data + ":/y",
+                                "--max-iter", "2", "--out", out] + list(rest)
     cases = [
         # (name, ranks, argv, expected substring of the error line)
         ("missing file", 2, fit(p("nope.h5") + ":/X", "-k", "2", "--out", out), "no such file"),
@@ -351,6 +361,13 @@ def main():
         ("gmm compare: EM and variational fits", 2, [caviar, "gmm", "compare", p("model3d.h5"), p("model3d_em.h5"), "--plot", out], "records elbo but"),
         ("gmm compare: --plot onto a model", 2, [caviar, "gmm", "compare", p("model3d.h5"), "--plot", p("model3d.h5")], "is the same file as input"),
         ("hmm svi: --kappa 0.3", 2, hmm(p("hmm_cat.h5"), "--algorithm", "svi", "--kappa", "0.3", "--out", out), "--kappa must be in (0.5, 1]"),
+        ("bbvi: logistic labels not 0/1", 2, bbvi(p("glm_label2.h5")), "row 411"),
+        ("bbvi: X and y of different lengths", 2, bbvi(p("glm_short_y.h5")), "need one response per row"),
+        ("bbvi: NaN in X", 2, bbvi(p("glm_nan.h5")), "row 333, column 1"),
+        ("bbvi: --rank with meanfield", 2, bbvi(p("glm_good.h5"), "--rank", "2"), "--rank applies to --family lowrank only"),
+        ("bbvi: --rank >= dimension", 2, bbvi(p("glm_good.h5"), "--family", "lowrank", "--rank", "4"), "--rank must be below the number of parameters (4)"),
+        ("bbvi: unknown --model", 2, bbvi(p("glm_good.h5"), "--model", "probit"), "--model"),
+        ("bbvi: --lr auto", 2, bbvi(p("glm_good.h5"), "--lr", "auto"), "--lr auto is not implemented"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []

@@ -26,9 +26,10 @@ std::string to_string(Estimator e) {
   return "?";
 }
 
-RowMatrix draw_noise(std::uint64_t seed, std::uint64_t step, int samples, int n_noise) {
+RowMatrix draw_noise(std::uint64_t seed, std::uint64_t step, int samples, int n_noise,
+                     Stream stream) {
   // Counter (draw, pair of components), step: independent of ranks and threads.
-  const CounterRng rng(seed, Stream::kBbviNoise);
+  const CounterRng rng(seed, stream);
   RowMatrix eps(samples, n_noise);
   const std::uint64_t pairs = (static_cast<std::uint64_t>(n_noise) + 1) / 2;
   for (int s = 0; s < samples; ++s)

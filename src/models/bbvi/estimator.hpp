@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 
+#include "core/rng.hpp"
 #include "models/bbvi/family.hpp"
 
 namespace caviar::bbvi {
@@ -39,8 +40,9 @@ struct Draws {
   RowMatrix grad_theta;  // S x P: its gradient (reparam only)
 };
 
-// eps for `step`: standard normals keyed by (seed, step, draw, component).
-RowMatrix draw_noise(std::uint64_t seed, std::uint64_t step, int samples, int n_noise);
+// eps for `step`: standard normals keyed by (seed, stream, step, draw, component).
+RowMatrix draw_noise(std::uint64_t seed, std::uint64_t step, int samples, int n_noise,
+                     Stream stream = Stream::kBbviNoise);
 
 // grad := the estimate of d ELBO / d lambda. Returns the ELBO estimate mean_s f_s + entropy.
 double elbo_gradient(Estimator e, const Family& q, std::span<const double> lambda, const Draws& d,

@@ -1,0 +1,29 @@
+#pragma once
+// What a black-box VI model gives the draws driver (engine/draws.hpp). No MPI and no files, so
+// a model includes this header only.
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "engine/optimizer.hpp"
+
+namespace caviar::engine {
+
+enum class DrawKind { kGradient, kElbo, kDiagnostic };
+
+// What a black-box VI model provides: double parameters lambda, a set of draws per (kind, t),
+// and per-draw sums over blocks of its own local rows (indices from 0 at the rank's first row).
+template <class M>
+concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
+                             std::span<const std::int64_t> rows, std::span<double> out,
+                             std::span<const double> sums, std::span<const std::uint8_t> kept) {
+  { m.params() } -> std::same_as<BasicParams<double>&>;
+  m.set_draws(k, t);                                    // before block() of that pass
+  { cm.n_draws() } -> std::convertible_to<int>;         // S of the current draws
+  { cm.width() } -> std::convertible_to<std::int64_t>;  // W: values per draw per block
+  cm.block(rows, out);                                  // out: S x W, written in full
+  { cm.gradient(sums, kept, 1.0, out) } -> std::convertible_to<double>;  // -> ELBO estimate
+  { cm.elbo(sums, kept) } -> std::convertible_to<double>;  // after set_draws(kElbo, .)
+};
+
+}  // namespace caviar::engine

@@ -1,0 +1,157 @@
+#pragma once
+// The driver of black-box variational inference (Ranganath, Gerrish & Blei 2014; Kucukelbir et
+// al. 2017) over rows SHARDED across ranks: each rank holds only its own contiguous rows
+// (core/partition.hpp), unlike engine/gradient.hpp's driver, where any rank computes any row.
+// What crosses ranks is not a gradient but per-draw quantities of a model's S shared draws.
+//
+//   each step t    the model draws its S parameter vectors keyed by (seed, t): the same on every
+//                  rank; B global positions drawn uniformly with replacement, keyed by
+//                  (seed, kBbviBatch, t): the same on every rank (doubly stochastic VI, Titsias &
+//                  Lazaro-Gredilla 2014). Rank p takes the positions inside its rows, grouped by
+//                  kBlockRows block: a group's rows are the same whatever the rank count, one
+//                  thread computes each group.
+//     block          model.block(rows, out): per draw, W values summed over the group's rows
+//                    (the log-likelihood, and for reparameterisation its gradient in theta)
+//     drop           a draw with a non-finite value in any group (one max allreduce per draw)
+//                    is dropped on every rank and counted; more than half of the S in one step
+//                    stops the fit
+//     exact sum      every group's values in int64 fixed point on one grid (core/gradient_sum.hpp)
+//                    in one integer allreduce: the sums are independent of ranks and threads
+//     update         model.gradient(sums, kept, N / B, g): the gradient of -ELBO in lambda,
+//                    computed identically on every rank; the optimiser's step (double)
+//   every E steps  the ELBO estimate: a full pass over every rank's rows with the model's
+//                  separate ELBO draws, summed exactly the same way. Stop, as Stan's ADVI does
+//                  (Kucukelbir et al. 2017, section 3.3), when the mean or the median of the
+//                  relative ELBO changes over a window of max(2, max_iter / (10 E)) evaluations
+//                  falls below tol.
+//
+// --max-iter counts optimiser steps. No checkpoints yet.
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "core/error.hpp"
+#include "core/partition.hpp"
+#include "core/rng.hpp"
+#include "engine/batch.hpp"
+#include "engine/draw_model.hpp"
+#include "engine/optimizer.hpp"
+#include "engine/run.hpp"
+
+namespace caviar::engine {
+
+struct DrawSchedule {
+  std::int64_t batch_size = 1024;
+  std::uint64_t seed = 0;
+  int elbo_every = 100;
+  OptimizerConfig optimizer;
+};
+
+struct DrawRun : Run {  // Run::rows: this rank's rows; Run::global_rows: N
+  DrawSchedule schedule;
+};
+
+struct DrawResult : RunResult {
+  std::int64_t dropped = 0;  // non-finite draws dropped (gradient steps and ELBO estimates)
+};
+
+namespace detail {
+
+// Collective: per-draw sums over `groups` (each a list of local rows, one kBlockRows block's),
+// exact over ranks and threads; kept[s] = 0 for a draw non-finite anywhere. n_global_groups bounds
+// the number of groups over all ranks (for the fixed-point grid).
+struct DrawSums {
+  std::vector<double> sums;
+  std::vector<std::uint8_t> kept;
+  int dropped = 0;
+  double reduce_seconds = 0;  // in the two allreduces, waiting for other ranks included
+};
+DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
+                      const std::vector<std::vector<std::int64_t>>& groups,
+                      std::int64_t n_global_groups,
+                      const std::function<void(std::int64_t, std::span<double>)>& block);
+
+// Step t's minibatch on this rank: positions inside `rows`, as local indices grouped by block.
+std::vector<std::vector<std::int64_t>> minibatch_groups(std::int64_t n, RowRange rows,
+                                                        std::int64_t batch, std::uint64_t seed,
+                                                        std::int64_t t);
+// Every local row, grouped by block.
+std::vector<std::vector<std::int64_t>> all_groups(RowRange rows);
+
+// Stan's ADVI stopping rule on the relative changes of the ELBO estimates.
+bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double tol);
+
+}  // namespace detail
+
+// Collective: a full pass over every rank's rows with the model's draws (kind, t).
+template <DrawModel M>
+detail::DrawSums full_pass(const Comm& comm, M& model, const Run& run, DrawKind kind,
+                           std::int64_t t) {
+  model.set_draws(kind, t);
+  const auto groups = detail::all_groups(run.rows);
+  return detail::reduce_draws(comm, model.n_draws(), model.width(), groups,
+                              (run.global_rows + kBlockRows - 1) / kBlockRows,
+                              [&](std::int64_t g, std::span<double> out) {
+                                model.block(groups[static_cast<std::size_t>(g)], out);
+                              });
+}
+
+template <DrawModel M>
+DrawResult fit_draws(M& model, const DrawRun& run) {
+  const Comm& comm = *run.comm;
+  const DrawSchedule& sc = run.schedule;
+  BasicParams<double>& lambda = model.params();
+  BasicOptimizer<double> opt(sc.optimizer, static_cast<std::int64_t>(lambda.size()));
+  BasicParams<double> g(lambda.size());
+  DrawResult res;
+  FitClock clock;
+  double local_seconds = 0, reduce_seconds = 0;
+  const std::int64_t window =
+      std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
+  const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
+  for (std::int64_t t = 0; t < run.stop.max_iter; ++t) {
+    const auto groups =
+        detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
+    model.set_draws(DrawKind::kGradient, t);
+    const detail::Stopwatch local;
+    const detail::DrawSums d = detail::reduce_draws(
+        comm, model.n_draws(), model.width(), groups, std::min(sc.batch_size, run.global_rows),
+        [&](std::int64_t k, std::span<double> out) {
+          model.block(groups[static_cast<std::size_t>(k)], out);
+        });
+    local_seconds += local.seconds() - d.reduce_seconds;
+    reduce_seconds += d.reduce_seconds;
+    res.dropped += d.dropped;
+    if (2 * d.dropped > model.n_draws())
+      throw Error("too many non-finite draws at step " + std::to_string(t + 1) + " (" +
+                  std::to_string(d.dropped) + " of " + std::to_string(model.n_draws()) +
+                  "); try a smaller --lr or --prior-scale");
+    model.gradient(d.sums, d.kept, scale, g);
+    opt.begin_step();
+    opt.update(lambda.data(), g.data(), 0, static_cast<std::int64_t>(lambda.size()));
+    res.steps = t + 1;
+    if ((t + 1) % sc.elbo_every != 0 && t + 1 != run.stop.max_iter) continue;
+    const detail::DrawSums e = full_pass(comm, model, run, DrawKind::kElbo, t + 1);
+    res.dropped += e.dropped;
+    const double f = model.elbo(e.sums, e.kept);
+    if (!std::isfinite(f))
+      throw Error("the ELBO estimate is not finite at step " + std::to_string(t + 1) +
+                  "; try a smaller --lr");
+    detail::record(run.heldout, run.progress, clock, static_cast<int>(t + 1), f, res);
+    if (detail::elbo_converged(res.trace.objective, window, run.stop.tol)) {
+      res.converged = true;
+      break;
+    }
+  }
+  res.iterations = static_cast<int>(res.steps);
+  detail::finish(comm, local_seconds, reduce_seconds, clock, res);
+  return res;
+}
+
+}  // namespace caviar::engine

@@ -1,0 +1,208 @@
+// caviar bbvi fit: the GLM posterior (fit.hpp) on the draws driver, rows sharded over ranks.
+#include "models/bbvi/commands.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "core/parallel.hpp"
+#include "engine/draws.hpp"
+#include "engine/model_file.hpp"
+#include "inference/shard.hpp"
+#include "io/h5.hpp"
+#include "models/bbvi/fit.hpp"
+#include "models/bbvi/psis.hpp"
+
+namespace caviar::bbvi {
+
+namespace {
+
+struct FitOptions {
+  std::string model = "logistic", data, response, family = "meanfield", estimator = "reparam";
+  std::string optimizer = "adam", lr = "0.01", out;
+  FitConfig cfg;
+  engine::StopRule stop{20000, 0.01};
+  std::int64_t batch_size = 1024;
+  int elbo_every = 100;
+};
+
+// Collective: this rank's responses, the rows of `shard`, checked by the likelihood.
+std::vector<double> load_responses(const Comm& comm, const io::DataRef& ref, const Shard& x,
+                                   const Glm& glm) {
+  const io::MatrixShape shape = io::inspect_matrix(comm, ref, true);
+  if (shape.rows != x.shape.rows || shape.cols != 1)
+    throw Error(ref.str() + " has " + std::to_string(shape.rows) + " x " +
+                std::to_string(shape.cols) + " values; need one response per row of " +
+                x.ref.str() + " (" + std::to_string(x.shape.rows) + ")");
+  const io::RowMatrix y = io::read_rows(comm, ref, shape, x.range);
+  std::vector<double> v(y.data(), y.data() + y.size());
+  std::string err;
+  try {
+    glm.check_responses(v, x.range.begin);
+  } catch (const Error& e) {
+    err = ref.str() + ": " + e.what();
+  }
+  comm.raise_if_any(err);  // the lowest failing rank holds the lowest bad row
+  return v;
+}
+
+void check_options(FitOptions& o) {
+  o.cfg.glm.likelihood = parse_likelihood(o.model);
+  o.cfg.family = parse_family(o.family);
+  o.cfg.estimator = parse_estimator(o.estimator);
+  if (o.lr == "auto") throw Error("--lr auto is not implemented yet; give a number, e.g. 0.01");
+  try {
+    std::size_t used = 0;
+    const double lr = std::stod(o.lr, &used);
+    if (used != o.lr.size() || !(lr > 0) || !std::isfinite(lr)) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    throw Error("--lr must be a positive number, got '" + o.lr + "'");
+  }
+  if (!(o.cfg.glm.prior_scale > 0) || !std::isfinite(o.cfg.glm.prior_scale))
+    throw Error("--prior-scale must be positive and finite");
+  if (!(o.cfg.glm.noise_sd > 0) || !std::isfinite(o.cfg.glm.noise_sd))
+    throw Error("--noise-sd must be positive and finite");
+  if (o.cfg.glm.likelihood == Likelihood::kSoftmax && o.cfg.glm.classes < 2)
+    throw Error("--classes must be >= 2 for --model softmax");
+  if (o.cfg.family != FamilyKind::kLowRank && o.cfg.rank != 0)
+    throw Error("--rank applies to --family lowrank only");
+  if (o.cfg.family == FamilyKind::kLowRank && o.cfg.rank < 1)
+    throw Error("--family lowrank needs --rank >= 1");
+  if (o.cfg.samples < 1) throw Error("--samples must be >= 1");
+  if (o.cfg.elbo_samples < 1) throw Error("--elbo-samples must be >= 1");
+  if (o.cfg.diagnostic_samples < 0) throw Error("--diagnostic-samples must be >= 0");
+  if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
+  if (o.elbo_every < 1) throw Error("--elbo-every must be >= 1");
+  if (o.stop.max_iter < 1) throw Error("--max-iter must be >= 1");
+}
+
+// The posterior summary of q: /mean, /sd, and /covariance (fullrank) or /factor and /diag
+// (lowrank); /elbo_trace; the attributes of the fit.
+void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions& o,
+                    const engine::DrawResult& res, double k_hat) {
+  const Family& q = m.family();
+  const std::span<const double> lambda{m.params().data(), m.params().size()};
+  const auto p = static_cast<std::uint64_t>(q.dim());
+  const Eigen::VectorXd mean = q.mean(lambda), sd = q.marginal_sd(lambda);
+  w.array("mean", {mean.data(), std::size_t(p)}, {p});
+  w.array("sd", {sd.data(), std::size_t(p)}, {p});
+  if (q.kind() == FamilyKind::kFullRank) {
+    const Eigen::MatrixXd c = q.covariance(lambda);  // symmetric: storage order does not matter
+    w.array("covariance", {c.data(), std::size_t(c.size())}, {p, p});
+  } else if (q.kind() == FamilyKind::kLowRank) {
+    // lambda = (mu, B row-major P x r, log c)
+    const auto r = static_cast<std::uint64_t>(q.rank());
+    w.array("factor", lambda.subspan(p, p * r), {p, r});
+    std::vector<double> c(p);
+    for (std::uint64_t j = 0; j < p; ++j) c[j] = std::exp(2 * lambda[p + p * r + j]);
+    w.array("diag", c, {p});
+  }
+  w.array("elbo_trace", res.trace.objective, {res.trace.objective.size()});
+  w.attr("k_hat", k_hat);
+  w.attr("steps", res.steps);
+  w.attr("dropped_draws", res.dropped);
+  w.attr("family", o.family);
+  w.attr("estimator", o.estimator);
+  w.attr("likelihood", o.model);
+  w.attr("prior_scale", o.cfg.glm.prior_scale);
+}
+
+void run_fit(engine::Context& ctx, FitOptions o) {
+  const Comm& comm = *ctx.comm;
+  check_options(o);
+  const io::DataRef xref = io::DataRef::parse(o.data), yref = io::DataRef::parse(o.response, "/y");
+  io::check_output_path(comm, o.out, {xref.file, yref.file});
+  const Shard x = load_shard(comm, xref);
+  o.cfg.glm.features = static_cast<int>(x.shape.cols);
+  const std::vector<double> y = load_responses(comm, yref, x, o.cfg.glm);
+  const std::int64_t dim = o.cfg.glm.n_params();
+  if (o.cfg.family == FamilyKind::kLowRank && o.cfg.rank >= dim)
+    throw Error("--rank must be below the number of parameters (" + std::to_string(dim) + ")");
+  Posterior model(o.cfg, {x.x.data(), std::size_t(x.x.size())}, y);
+  print_progress(ctx, "caviar bbvi fit: " + o.data + ", " + o.model + ", " + o.family + ", " +
+                          o.estimator + ", " + std::to_string(comm.size()) + " ranks x " +
+                          std::to_string(max_threads()) + " threads");
+  engine::DrawRun run;
+  run.comm = &comm;
+  run.stop = o.stop;
+  run.rows = x.range;
+  run.global_rows = x.shape.rows;
+  run.progress = [&](const engine::Report& r) {
+    char line[160];
+    std::snprintf(line, sizeof line, "step %6d  elbo % .10e  %8.3fs", r.iteration, r.objective,
+                  r.seconds);
+    print_progress(ctx, line);
+  };
+  run.schedule.batch_size = o.batch_size;
+  run.schedule.seed = o.cfg.seed;
+  run.schedule.elbo_every = o.elbo_every;
+  run.schedule.optimizer.method =
+      o.optimizer == "adam" ? engine::Method::kAdam : engine::Method::kRobbinsMonro;
+  run.schedule.optimizer.adam.lr = std::stod(o.lr);
+  engine::DrawResult res = engine::fit_draws(model, run);
+  double k_hat = std::nan("");
+  if (o.cfg.diagnostic_samples > 0) {
+    const auto d = engine::full_pass(comm, model, run, engine::DrawKind::kDiagnostic, 0);
+    res.dropped += d.dropped;
+    k_hat = pareto_k_hat(model.log_ratios(d.sums, d.kept));
+  }
+  engine::Provenance p{"bbvi",         o.estimator, o.data, ctx.command_line,
+                       CAVIAR_VERSION, o.cfg.seed,  "elbo"};
+  engine::write_model_file(
+      comm, o.out, [&](engine::StateWriter& w) { save_posterior(w, model, o, res, k_hat); }, res,
+      p);
+  auto j = engine::summary(ctx, res);
+  j["steps"] = res.steps;
+  j["dropped_draws"] = res.dropped;
+  j["k_hat"] = std::isfinite(k_hat) ? nlohmann::ordered_json(k_hat) : nlohmann::ordered_json();
+  j["out"] = o.out;
+  print_summary(ctx, j);
+}
+
+}  // namespace
+
+void add_commands(CLI::App& cli, engine::Context& ctx) {
+  auto* b = cli.add_subcommand("bbvi", "Black-box variational inference of Bayesian GLMs");
+  b->require_subcommand(1);
+  auto o = std::make_shared<FitOptions>();
+  auto* f = b->add_subcommand("fit", "Fit a Gaussian q to a GLM posterior (rows sharded)");
+  f->add_option("--model", o->model, "logistic | linear | poisson | softmax")
+      ->capture_default_str();
+  f->add_option("--data", o->data, "Features FILE.h5:/X (N x D)")->required();
+  f->add_option("--response", o->response, "Responses FILE.h5:/y (N)")->required();
+  f->add_option("--classes", o->cfg.glm.classes, "softmax: classes C")->capture_default_str();
+  f->add_option("--noise-sd", o->cfg.glm.noise_sd, "linear: the known noise sd")
+      ->capture_default_str();
+  f->add_option("--prior-scale", o->cfg.glm.prior_scale, "Prior N(0, s^2 I) on every parameter")
+      ->capture_default_str();
+  f->add_option("--family", o->family, "meanfield | fullrank | lowrank")->capture_default_str();
+  f->add_option("--rank", o->cfg.rank, "lowrank: columns of the factor B");
+  f->add_option("--estimator", o->estimator, "score | score-cv | reparam")->capture_default_str();
+  f->add_option("--samples", o->cfg.samples, "Draws of q per step (S)")->capture_default_str();
+  f->add_option("--batch-size", o->batch_size, "Rows per global minibatch (drawn with replacement)")
+      ->capture_default_str();
+  f->add_option("--optimizer", o->optimizer, "adam | rm (Robbins-Monro)")
+      ->check(CLI::IsMember({"adam", "rm"}))
+      ->capture_default_str();
+  f->add_option("--lr", o->lr, "Step size (auto: not implemented yet)")->capture_default_str();
+  engine::add_stop_options(f, o->stop);
+  f->get_option("--max-iter")->description("At most this many optimiser steps");
+  f->get_option("--tol")->description(
+      "Stop when the mean or median relative change of the ELBO estimate over a window is below "
+      "this");
+  f->add_option("--elbo-every", o->elbo_every, "Steps between ELBO estimates")
+      ->capture_default_str();
+  f->add_option("--elbo-samples", o->cfg.elbo_samples, "Draws per ELBO estimate (all rows)")
+      ->capture_default_str();
+  f->add_option("--diagnostic-samples", o->cfg.diagnostic_samples,
+                "Draws for the Pareto k-hat (0: none)")
+      ->capture_default_str();
+  f->add_option("--seed", o->cfg.seed, "Random seed")->capture_default_str();
+  f->add_option("--out", o->out, "Posterior FILE.h5")->required();
+  f->callback([&ctx, o] { ctx.action = [&ctx, o] { run_fit(ctx, *o); }; });
+}
+
+}  // namespace caviar::bbvi

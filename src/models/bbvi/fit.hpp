@@ -1,0 +1,70 @@
+#pragma once
+// The black-box VI posterior of a GLM as the draws driver's model (engine/draw_model.hpp): the
+// GLM's log joint (glm.hpp), a Gaussian family (family.hpp) and an estimator (estimator.hpp) over
+// this rank's rows. No MPI and no files: the driver sums the blocks over ranks.
+//
+//   gradient draws  S draws theta_s = r(eps_s, lambda), eps keyed by (seed, kBbviNoise, step);
+//                   per block and draw the log-likelihood sum and, for reparameterisation, its
+//                   gradient in theta; f_s = (N / B) sum + log prior(theta_s), an unbiased
+//                   estimate of the log joint (Hoffman et al. 2013)
+//   ELBO draws      --elbo-samples draws keyed by (seed, kBbviElbo, step) over every row:
+//                   mean_s log p(y, theta_s) + entropy(q) (Kucukelbir et al. 2017)
+//   diagnostic      --diagnostic-samples draws keyed by (seed, kBbviElbo, 0): the log importance
+//                   ratios log p(y, theta_s) - log q(theta_s) for the Pareto k-hat (psis.hpp)
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/draw_model.hpp"
+#include "models/bbvi/estimator.hpp"
+#include "models/bbvi/family.hpp"
+#include "models/bbvi/glm.hpp"
+
+namespace caviar::bbvi {
+
+struct FitConfig {
+  Glm glm;
+  FamilyKind family = FamilyKind::kMeanField;
+  int rank = 0;
+  Estimator estimator = Estimator::kReparam;
+  int samples = 8, elbo_samples = 100, diagnostic_samples = 1000;
+  double init_sd = 0.1;  // the starting marginal standard deviations of q
+  std::uint64_t seed = 1;
+};
+
+class Posterior {
+ public:
+  // x: this rank's rows (n x D, row-major), y: their responses.
+  Posterior(const FitConfig& cfg, std::span<const double> x, std::span<const double> y);
+
+  engine::BasicParams<double>& params() { return lambda_; }
+  const engine::BasicParams<double>& params() const { return lambda_; }
+  const Family& family() const { return q_; }
+
+  void set_draws(engine::DrawKind kind, std::int64_t t);
+  int n_draws() const { return static_cast<int>(theta_.rows()); }
+  std::int64_t width() const { return width_; }
+  void block(std::span<const std::int64_t> rows, std::span<double> out) const;
+  double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
+                  std::span<double> grad) const;
+  double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept) const;
+  // After a full pass with set_draws(kDiagnostic, .): log p(y, theta_s) - log q(theta_s) of
+  // the kept draws.
+  std::vector<double> log_ratios(std::span<const double> sums,
+                                 std::span<const std::uint8_t> kept) const;
+
+ private:
+  double log_joint(std::span<const double> sums, int s) const;  // full data: sum + log prior
+  FitConfig cfg_;
+  Family q_;
+  std::span<const double> x_, y_;
+  std::int64_t p_;
+  engine::BasicParams<double> lambda_;
+  RowMatrix eps_, theta_;
+  std::int64_t width_ = 1;
+  bool with_grad_ = false;
+};
+
+static_assert(engine::DrawModel<Posterior>);
+
+}  // namespace caviar::bbvi
