@@ -71,6 +71,12 @@ struct Schedule {
   double tau0 = 1, kappa = 0.7;   // rho_t = (tau0 + t)^-kappa
   std::uint64_t seed = 0;         // of the minibatch order
   std::int64_t first_t = 1;       // t of the first minibatch (Hoffman et al. 2010 count from 0)
+  // false: a rank computes the minibatch's rows it owns (Run::rows; local indices). true: rank p
+  // of P computes positions [B p / P, B (p + 1) / P) of each minibatch, whatever rows they are
+  // (global indices): balanced minibatches when rows are read from a file, and rows must not
+  // keep local state. The row terms are then kept by position in the pass (rank p holds
+  // positions [N p / P, N (p + 1) / P)), exchanged after each minibatch.
+  bool any_rank = false;
 };
 
 struct StochasticRun : Run {
@@ -107,11 +113,21 @@ void stochastic_step(M& model, typename M::Stats& stats, const StochasticRun& ru
   const Schedule& sc = run.schedule;
   const std::int64_t n = run.global_rows, steps = (n + sc.batch_size - 1) / sc.batch_size;
   const std::int64_t p0 = step * sc.batch_size, p1 = std::min(n, p0 + sc.batch_size);
+  const Comm& comm = *run.comm;
   std::vector<std::int64_t> rows;
-  for (std::int64_t p = p0; p < p1; ++p)
-    if (order[p] >= run.rows.begin && order[p] < run.rows.end)
-      rows.push_back(order[p] - run.rows.begin);
-  std::sort(rows.begin(), rows.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> at;  // any_rank: (row, position)
+  if (sc.any_rank) {
+    const std::int64_t bn = p1 - p0, size = comm.size(), rank = comm.rank();
+    for (std::int64_t p = p0 + bn * rank / size; p < p0 + bn * (rank + 1) / size; ++p)
+      at.emplace_back(order[p], p);
+    std::sort(at.begin(), at.end());
+    for (const auto& [r, p] : at) rows.push_back(r);
+  } else {
+    for (std::int64_t p = p0; p < p1; ++p)
+      if (order[p] >= run.rows.begin && order[p] < run.rows.end)
+        rows.push_back(order[p] - run.rows.begin);
+    std::sort(rows.begin(), rows.end());
+  }
   terms.assign(rows.size(), 0.0);
   stats.set_zero();
   const Stopwatch local;
@@ -120,7 +136,18 @@ void stochastic_step(M& model, typename M::Stats& stats, const StochasticRun& ru
   const Stopwatch reduce;
   engine::reduce(stats, Reducer(*run.comm));
   times.reduce += reduce.seconds();
-  for (std::size_t i = 0; i < rows.size(); ++i) row_terms[rows[i]] = terms[i];
+  if (sc.any_rank) {
+    // Every rank gets the minibatch's terms (a sum of one value and zeros: exact), and keeps
+    // those of its own positions.
+    std::vector<double> mb(static_cast<std::size_t>(p1 - p0), 0.0);
+    for (std::size_t i = 0; i < at.size(); ++i) mb[at[i].second - p0] = terms[i];
+    comm.allreduce_sum(std::span<double>(mb));
+    const std::int64_t own = n * comm.rank() / comm.size();
+    for (std::int64_t p = std::max(p0, own); p < std::min(p1, own + std::ssize(row_terms)); ++p)
+      row_terms[p - own] = mb[p - p0];
+  } else {
+    for (std::size_t i = 0; i < rows.size(); ++i) row_terms[rows[i]] = terms[i];
+  }
   const auto t = static_cast<double>(sc.first_t + static_cast<std::int64_t>(pass) * steps + step);
   model.update_stochastic(std::as_const(stats), std::pow(sc.tau0 + t, -sc.kappa),
                           static_cast<double>(n) / static_cast<double>(p1 - p0));
@@ -134,9 +161,12 @@ RunResult fit_stochastic(M& model, const StochasticRun& run) {
   Checkpointer& ck = *run.checkpoint;
   const Schedule& sc = run.schedule;
   const std::int64_t n = run.global_rows, steps = (n + sc.batch_size - 1) / sc.batch_size;
-  // The pass's objective terms, one per local row: a checkpoint's rows/pass_terms.
-  std::vector<double> row_terms(static_cast<std::size_t>(run.rows.size()), 0.0);
-  const RowState terms_state{{"pass_terms", row_terms.data(), 1, false, "row"}, n, run.rows};
+  // The pass's objective terms, one per local row (or position, any_rank): rows/pass_terms.
+  const RowRange held =
+      sc.any_rank ? RowRange{n * comm.rank() / comm.size(), n * (comm.rank() + 1) / comm.size()}
+                  : run.rows;
+  std::vector<double> row_terms(static_cast<std::size_t>(held.size()), 0.0);
+  const RowState terms_state{{"pass_terms", row_terms.data(), 1, false, "row"}, n, held};
   detail::EpochPosition pos;
   ck.restore_model([&](const StateReader& r) { model.load(r); });
   ck.restore_driver([&](const StateReader& r) { pos.load(r, steps); });

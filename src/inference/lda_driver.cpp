@@ -278,20 +278,19 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
   return res;
 }
 
-// The --stream reader of SVI's minibatches (models/lda/svi.hpp): this rank's documents
-// [r0 + rows) read as runs of consecutive documents, in collective reads (every rank makes as many
+// The --stream reader of SVI's minibatches (models/lda/svi.hpp): the documents `rows` (global
+// indices) read as runs of consecutive documents, in collective reads (every rank makes as many
 // calls as the rank with the most runs), and the minibatch's tokens over every rank.
 BatchReader stream_reader(const Comm& comm, const io::DataRef& ref,
-                          const std::vector<std::int64_t>& indptr, std::int64_t n_words,
-                          std::int64_t r0) {
-  return [&comm, &ref, &indptr, n_words, r0](std::span<const std::int64_t> rows,
-                                             std::vector<Corpus>& parts) {
+                          const std::vector<std::int64_t>& indptr, std::int64_t n_words) {
+  return [&comm, &ref, &indptr, n_words](std::span<const std::int64_t> rows,
+                                         std::vector<Corpus>& parts) {
     std::vector<std::pair<std::int64_t, std::int64_t>> runs;
     for (const std::int64_t r : rows)
-      if (!runs.empty() && runs.back().second == r0 + r)
+      if (!runs.empty() && runs.back().second == r)
         ++runs.back().second;
       else
-        runs.emplace_back(r0 + r, r0 + r + 1);
+        runs.emplace_back(r, r + 1);
     const std::int64_t calls = comm.allreduce_max(static_cast<std::int64_t>(runs.size()));
     parts.clear();
     std::int64_t tokens = 0;
@@ -345,8 +344,8 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
     ck.open(std::move(fp));
   }
   SviFit fit(model, o.stream ? nullptr : &corpus,
-             o.stream ? stream_reader(comm, in.data, indptr, info.n_words, rows.begin) : nullptr,
-             info.n_docs, info.tokens, o.seed, o.local);
+             o.stream ? stream_reader(comm, in.data, indptr, info.n_words) : nullptr, info.n_docs,
+             info.tokens, o.seed, o.local);
   engine::StochasticRun run;
   run.comm = &comm;
   // SVI runs its --max-iter passes: --tol is CAVI's (lda fit --help).
@@ -363,7 +362,8 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
                   {"tokens_visited", &fit.tokens_visited()},
                   {"reduced_words", &fit.reduced_words()},
                   {"reductions", &fit.reductions()}};
-  run.schedule = {o.batch_size, o.tau0, o.kappa, o.seed, 0};
+  // --stream: any rank reads any document, so each minibatch is split evenly over the ranks.
+  run.schedule = {o.batch_size, o.tau0, o.kappa, o.seed, 0, o.stream};
   res.run = engine::fit_stochastic(fit, run);
   // LDA's SVI files have always said converged = 1 after their passes; kept, so that the outputs
   // (and their golden hashes) are unchanged.

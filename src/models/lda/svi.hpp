@@ -53,7 +53,7 @@ class SviStats {
   ReducedRows* usage_;
 };
 
-// --stream: fills parts with the corpora of this rank's minibatch documents `rows` (local
+// --stream: fills parts with the corpora of this rank's minibatch documents `rows` (global
 // indices, increasing), one corpus per run of consecutive rows, in order (extra empty parts are
 // allowed), and returns the minibatch's tokens over every rank. The caller's reads are
 // collective.
