@@ -66,7 +66,7 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
                   "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
                   "SIGTERM/SIGUSR1");
   fit->add_option("--checkpoint-every", o->checkpoint_every,
-                  "N (CAVI iterations, SVI minibatch steps) or Ts (seconds, e.g. 30s) between "
+                  "N (CAVI iterations, SVI passes) or Ts (seconds, e.g. 30s) between "
                   "checkpoints [default: only on a signal]");
   fit->add_option("--resume", o->resume,
                   "Continue from this checkpoint (same corpus and options; the result is bitwise "

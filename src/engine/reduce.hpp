@@ -36,6 +36,15 @@ class Reducer {
   void sum(std::span<double> v) const {
     if (comm_) comm_->allreduce_sum(v);
   }
+  // In place, element-wise bitwise or (e.g. the union of the contributors' sets of touched rows).
+  void bit_or(std::span<std::uint64_t> v) const {
+    if (comm_) comm_->allreduce_or(v);
+  }
+  // Whether there is one contributor only (every sum would leave its buffer as it is).
+  bool single() const { return !comm_ || comm_->size() == 1; }
+  // Whether this contributor is the one that counts what every contributor computes alike (e.g.
+  // the size of a reduction, in a counter summed over ranks).
+  bool counts_shared() const { return !comm_ || comm_->rank() == 0; }
 
  private:
   Reducer() = default;

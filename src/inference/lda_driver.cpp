@@ -1,7 +1,6 @@
 #include "inference/lda_driver.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -16,10 +15,12 @@
 #include "engine/checkpoint.hpp"
 #include "engine/model_file.hpp"
 #include "engine/state_io.hpp"
+#include "engine/stochastic.hpp"
 #include "inference/lda_checkpoint.hpp"
 #include "io/csr.hpp"
 #include "io/h5.hpp"
 #include "models/lda/batch.hpp"
+#include "models/lda/svi.hpp"
 
 namespace caviar::lda {
 
@@ -109,79 +110,6 @@ void write_topics_file(const std::string& out, const Model& m,
   if (extra) extra(w);
   w.commit();
 }
-
-// The SVI visiting order of pass p: documents sorted by a key drawn from (seed, document, pass),
-// so every rank computes the same global minibatches whatever the rank count.
-std::vector<std::int64_t> pass_order(std::int64_t n_docs, std::uint64_t seed, int pass) {
-  const CounterRng rng(seed, Stream::kSviMinibatch);
-  std::vector<std::pair<double, std::int64_t>> keys(static_cast<std::size_t>(n_docs));
-  for (std::int64_t d = 0; d < n_docs; ++d)
-    keys[d] = {rng.uniform2(static_cast<std::uint64_t>(d), static_cast<std::uint32_t>(pass))[0], d};
-  std::sort(keys.begin(), keys.end());
-  std::vector<std::int64_t> order(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) order[i] = keys[i].second;
-  return order;
-}
-
-// The minibatch's statistics summed over ranks, moving only the rows of words that occur in some
-// rank's documents of the minibatch (every other row is zero on every rank): the union of the
-// ranks' word sets (one bitwise-or allreduce of a V-bit map), then one allreduce of those rows,
-// packed. The sums are the same integers as a full reduction, so results are unchanged; a
-// minibatch of 256 Spam Assassin messages touches about half of the vocabulary.
-class BatchReducer {
- public:
-  BatchReducer(std::int64_t n_words, int n_topics)
-      : k_(n_topics), bits_(static_cast<std::size_t>((n_words + 63) / 64), 0) {}
-
-  void add_docs(const Corpus& c, std::span<const std::int64_t> docs) {
-    for (const auto d : docs)
-      for (std::int64_t j = c.indptr[d]; j < c.indptr[d + 1]; ++j) {
-        const auto w = static_cast<std::uint64_t>(c.words[j]);
-        bits_[w >> 6] |= std::uint64_t{1} << (w & 63);
-      }
-  }
-
-  // Sums stats over ranks; afterwards only the union rows can be non-zero.
-  void reduce(const Comm& comm, Stats& stats) {
-    comm.allreduce_or(bits_);
-    words_.clear();
-    for (std::size_t i = 0; i < bits_.size(); ++i)
-      for (std::uint64_t b = bits_[i]; b; b &= b - 1)
-        words_.push_back(static_cast<std::int64_t>(i * 64) + std::countr_zero(b));
-    rows_ += static_cast<double>(words_.size()) / static_cast<double>(stats.n_words());
-    ++calls_;
-    if (comm.size() == 1) return;
-    packed_.resize(words_.size() * static_cast<std::size_t>(k_));
-    for (std::size_t i = 0; i < words_.size(); ++i)
-      std::copy_n(stats.row(words_[i]), k_, packed_.data() + i * k_);
-    comm.allreduce_sum(std::span<std::int64_t>(packed_));
-    for (std::size_t i = 0; i < words_.size(); ++i)
-      std::copy_n(packed_.data() + i * k_, k_, stats.row(words_[i]));
-  }
-
-  // Zeroes the rows of the last reduction (the rest are zero already), for the next minibatch.
-  void clear(Stats& stats) {
-    for (const auto w : words_) std::fill_n(stats.row(w), k_, std::int64_t{0});
-    std::fill(bits_.begin(), bits_.end(), std::uint64_t{0});
-    words_.clear();
-  }
-
-  double mean_rows() const { return calls_ ? rows_ / static_cast<double>(calls_) : 1.0; }
-  // For checkpoints: the running sum behind mean_rows(), and its restoration on resume.
-  double rows_sum() const { return rows_; }
-  std::int64_t calls() const { return calls_; }
-  void restore(double rows, std::int64_t calls) {
-    rows_ = rows;
-    calls_ = calls;
-  }
-
- private:
-  int k_;
-  std::vector<std::uint64_t> bits_;
-  std::vector<std::int64_t> words_, packed_;
-  double rows_ = 0;
-  std::int64_t calls_ = 0;
-};
 
 }  // namespace
 
@@ -350,192 +278,108 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
   return res;
 }
 
-// Stochastic variational inference (Hoffman, Blei & Bach 2010, Algorithm 2), in memory or
-// --stream, with its own checkpoint of the position inside a pass (inference/lda_checkpoint.hpp).
+// The --stream reader of SVI's minibatches (models/lda/svi.hpp): the documents `rows` (global
+// indices) read as runs of consecutive documents, in collective reads (every rank makes as many
+// calls as the rank with the most runs), and the minibatch's tokens over every rank.
+BatchReader stream_reader(const Comm& comm, const io::DataRef& ref,
+                          const std::vector<std::int64_t>& indptr, std::int64_t n_words) {
+  return [&comm, &ref, &indptr, n_words](std::span<const std::int64_t> rows,
+                                         std::vector<Corpus>& parts) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+    for (const std::int64_t r : rows)
+      if (!runs.empty() && runs.back().second == r)
+        ++runs.back().second;
+      else
+        runs.emplace_back(r, r + 1);
+    const std::int64_t calls = comm.allreduce_max(static_cast<std::int64_t>(runs.size()));
+    parts.clear();
+    std::int64_t tokens = 0;
+    for (std::int64_t c = 0; c < calls; ++c) {
+      const auto [d0, d1] = c < static_cast<std::int64_t>(runs.size())
+                                ? runs[static_cast<std::size_t>(c)]
+                                : std::pair<std::int64_t, std::int64_t>{0, 0};
+      parts.push_back(io::read_corpus_range(comm, ref, indptr, n_words, d0, d1));
+      tokens += static_cast<std::int64_t>(parts.back().tokens());
+    }
+    comm.allreduce_sum(std::span<std::int64_t>(&tokens, 1));
+    return static_cast<double>(tokens);
+  };
+}
+
+// Stochastic variational inference on the engine's stochastic driver (models/lda/svi.hpp), in
+// memory or --stream.
 FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progress,
                   const Inputs& in) {
   const auto t0 = std::chrono::steady_clock::now();
-  const io::DataRef& ref = in.data;
   // The stop-signal handlers are installed before the corpus is read, so that a signal while
   // reading stops at the first boundary.
-  Checkpointer ck(comm, o, in.files);
+  engine::Checkpointer ck(comm, {o.checkpoint, o.checkpoint_every, o.resume}, in.files, o.out);
   io::CorpusInfo info;
   Corpus corpus;
   std::vector<std::int64_t> indptr;  // --stream: the whole /indptr, and no documents
-  if (o.stream)
-    indptr = io::read_indptr(comm, ref, &info);
-  else
-    corpus = io::read_corpus(comm, ref, &info);
-  Corpus held_corpus;
+  RowRange rows;
+  if (o.stream) {
+    indptr = io::read_indptr(comm, in.data, &info);
+    const auto [r0, r1] = io::document_range(indptr, comm.size(), comm.rank());
+    rows = {r0, r1};
+  } else {
+    corpus = io::read_corpus(comm, in.data, &info);
+    rows = {corpus.doc_begin, corpus.doc_begin + corpus.n_docs()};
+  }
+  Corpus held;
   std::int64_t held_docs = 0;
-  if (in.heldout) held_corpus = read_heldout(comm, in, info, &held_docs);
+  if (in.heldout) held = read_heldout(comm, in, info, &held_docs);
   FitResult res = corpus_result(info, t0);
   if (!o.stream && !(info.tokens > 0))
-    throw Error(ref.str() + " has no tokens (every document is empty)");
+    throw Error(in.data.str() + " has no tokens (every document is empty)");
 
   Model model = initial_model(o, info.n_words);
-  const double alpha = model.alpha(), eta = model.eta();
-  // Every expected count lies in [0, total tokens]: one scale serves every step and rank.
-  Stats stats(o.topics, info.n_words, fixed_point_scale(std::max(info.tokens, 1.0)));
-  std::vector<double> terms;
-  double eval_seconds = 0;  // held-out evaluation is not part of the fit's time
-  double local_seconds = 0, reduce_seconds = 0;
-  BatchReducer reducer(info.n_words, o.topics);
-  ck.open(ref, info, o.stream ? &indptr : nullptr, in.heldout ? &*in.heldout : nullptr, alpha, eta);
-  const Position start = ck.position();
-  ck.restore(model, res);
-  reducer.restore(start.reduced_rows, start.reductions);
-  // The fit's clock continues from the checkpoint's (held-out evaluation is excluded the same
-  // way): elapsed() is what the traces record.
-  if (ck.resuming()) eval_seconds = seconds_since(t0) - ck.elapsed();
-  auto elapsed = [&] { return seconds_since(t0) - eval_seconds; };
-  auto svi_position = [&](int pass, std::int64_t step, std::int64_t t, double pass_tokens) {
-    return Position{pass, step, t, pass_tokens, reducer.rows_sum(), reducer.calls()};
-  };
-  engine::Trace& trace = res.run.trace;
-  auto report = [&](int it, double elbo) {
-    const double secs = seconds_since(t0) - eval_seconds;
-    double perp = std::numeric_limits<double>::quiet_NaN();
-    if (in.heldout) {
-      const auto te = std::chrono::steady_clock::now();
-      perp = completion_score(comm, model, held_corpus, held_docs, o.local).perplexity;
-      eval_seconds += seconds_since(te);
-      trace.heldout.push_back(perp);
-    }
-    trace.objective.push_back(elbo);
-    trace.seconds.push_back(secs);
-    if (progress) progress({it, elbo, perp, secs});
-  };
-
-  if (o.stream) {
-    const std::int64_t d_total = info.n_docs;
-    const std::int64_t n_blocks = (d_total + kBlockRows - 1) / kBlockRows;
-    auto block_size = [&](std::int64_t b) {
-      return std::min(d_total, (b + 1) * kBlockRows) - b * kBlockRows;
-    };
-    std::int64_t t = start.t;
-    double tokens = start.pass_tokens;
-    RowMatrix gamma;
-    std::vector<double> pass_terms;
-    std::vector<std::int64_t> first(static_cast<std::size_t>(n_blocks + 1));
-    for (int pass = start.iteration; pass < o.iterations(); ++pass) {
-      // The visiting order: the blocks in a permutation drawn from (seed, pass); minibatches are
-      // consecutive runs of batch_size documents of it, the same for any rank count.
-      const auto blocks = pass_order(n_blocks, o.seed, pass);
-      for (std::int64_t i = 0; i < n_blocks; ++i) first[i + 1] = first[i] + block_size(blocks[i]);
-      // Resuming inside this pass: the minibatches done, and the pass's document terms so far.
-      const bool resumed = ck.resuming() && pass == start.iteration;
-      pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
-      std::int64_t step = resumed ? start.step : 0;
-      for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
-        ck.boundary(svi_position(pass, step, t, tokens), model, res, elapsed(), pass_terms);
-        const std::int64_t b1 = std::min(d_total, b0 + o.batch_size), n = b1 - b0;
-        // This rank's share of the minibatch: positions [q0, q1), a few contiguous pieces.
-        const std::int64_t q0 = b0 + n * comm.rank() / comm.size();
-        const std::int64_t q1 = b0 + n * (comm.rank() + 1) / comm.size();
-        std::vector<std::pair<std::int64_t, std::int64_t>> pieces;
-        if (q1 > q0) {
-          auto i = static_cast<std::int64_t>(std::upper_bound(first.begin(), first.end(), q0) -
-                                             first.begin()) -
-                   1;
-          for (; i < n_blocks && first[i] < q1; ++i) {
-            const std::int64_t row0 = blocks[i] * kBlockRows;
-            pieces.emplace_back(row0 + std::max(q0, first[i]) - first[i],
-                                row0 + std::min(q1, first[i + 1]) - first[i]);
-          }
-        }
-        // Collective reads: every rank makes as many calls as the rank with the most pieces.
-        const std::int64_t calls = comm.allreduce_max(static_cast<std::int64_t>(pieces.size()));
-        std::vector<Corpus> parts;
-        std::int64_t local_tokens = 0;
-        for (std::int64_t c = 0; c < calls; ++c) {
-          const auto [d0, d1] = c < static_cast<std::int64_t>(pieces.size())
-                                    ? pieces[c]
-                                    : std::pair<std::int64_t, std::int64_t>{0, 0};
-          parts.push_back(io::read_corpus_range(comm, ref, indptr, info.n_words, d0, d1));
-          local_tokens += static_cast<std::int64_t>(parts.back().tokens());
-        }
-        // The batch's tokens bound every expected count of this step: its fixed-point scale.
-        std::int64_t batch_tokens = local_tokens;
-        comm.allreduce_sum(std::span<std::int64_t>(&batch_tokens, 1));
-        if (pass == 0) tokens += static_cast<double>(batch_tokens);
-        // Every row is zero here (the reducer clears what the last minibatch wrote).
-        stats.set_scale(
-            fixed_point_scale(std::max<double>(1.0, static_cast<double>(batch_tokens))));
-        const auto tl = std::chrono::steady_clock::now();
-        for (const Corpus& part : parts) {
-          const auto docs = iota(part.n_docs());
-          terms.resize(docs.size());
-          model.refresh_words(part, docs);
-          res.sweeps += model.local_step(part, docs, gamma, false, &stats, terms, o.local);
-          reducer.add_docs(part, docs);
-          pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
-        }
-        local_seconds += seconds_since(tl);
-        const auto tr = std::chrono::steady_clock::now();
-        reducer.reduce(comm, stats);
-        reduce_seconds += seconds_since(tr);
-        const double rho = std::pow(o.tau0 + static_cast<double>(t), -o.kappa);
-        model.update_stochastic(stats, rho, static_cast<double>(d_total) / n, false);
-        reducer.clear(stats);
-      }
-      model.refresh();
-      if (pass == 0) res.tokens = tokens;
-      const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
-      report(pass, elbo);
-      res.run.iterations = pass + 1;
-    }
-    res.run.converged = true;
-  } else {
-    const std::int64_t d_total = info.n_docs;
-    const std::int64_t lo = corpus.doc_begin, hi = corpus.doc_begin + corpus.n_docs();
-    std::int64_t t = start.t;
-    RowMatrix gamma;
-    std::vector<std::int64_t> local;
-    std::vector<double> pass_terms;
-    for (int pass = start.iteration; pass < o.iterations(); ++pass) {
-      const auto order = pass_order(d_total, o.seed, pass);
-      // Resuming inside this pass: the minibatches done, and the pass's document terms so far.
-      const bool resumed = ck.resuming() && pass == start.iteration;
-      pass_terms = resumed ? ck.pass_terms() : std::vector<double>{};
-      std::int64_t step = resumed ? start.step : 0;
-      for (std::int64_t b0 = step * o.batch_size; b0 < d_total; b0 += o.batch_size, ++t, ++step) {
-        ck.boundary(svi_position(pass, step, t, 0), model, res, elapsed(), pass_terms);
-        const std::int64_t b1 = std::min(d_total, b0 + o.batch_size);
-        local.clear();
-        for (std::int64_t i = b0; i < b1; ++i)
-          if (order[i] >= lo && order[i] < hi) local.push_back(order[i] - lo);
-        terms.resize(local.size());
-        // Every row is zero here (the reducer clears what the last minibatch wrote).
-        const auto tl = std::chrono::steady_clock::now();
-        model.refresh_words(corpus, local);
-        res.sweeps += model.local_step(corpus, local, gamma, false, &stats, terms, o.local);
-        reducer.add_docs(corpus, local);
-        local_seconds += seconds_since(tl);
-        const auto tr = std::chrono::steady_clock::now();
-        reducer.reduce(comm, stats);
-        reduce_seconds += seconds_since(tr);
-        pass_terms.insert(pass_terms.end(), terms.begin(), terms.end());
-        // Hoffman et al. (2010) eq. 9: rho_t = (tau0 + t)^-kappa, statistics scaled by D/|B|.
-        const double rho = std::pow(o.tau0 + static_cast<double>(t), -o.kappa);
-        model.update_stochastic(stats, rho, static_cast<double>(d_total) / (b1 - b0), false);
-        reducer.clear(stats);
-      }
-      model.refresh();
-      // The pass's ELBO estimate: document terms as they were visited, plus the global terms.
-      const double elbo = exact_sum(comm, pass_terms) + model.global_elbo();
-      report(pass, elbo);
-      res.run.iterations = pass + 1;
-    }
-    res.run.converged = true;
+  if (!o.checkpoint.empty() || !o.resume.empty()) {
+    ckpt::Fingerprint fp =
+        fingerprint(comm, o, in.data, info, o.stream ? &indptr : nullptr,
+                    in.heldout ? &*in.heldout : nullptr, model.alpha(), model.eta());
+    // Older SVI checkpoints had their own layout: they lack this entry, and a resume from one
+    // stops with "its fingerprint lacks 'layout' (written by another version?)".
+    fp.add("layout", std::string("engine"), "the checkpoint layout");
+    ck.open(std::move(fp));
   }
-  comm.allreduce_sum(std::span<std::int64_t>(&res.sweeps, 1));
-  res.run.seconds = seconds_since(t0) - eval_seconds;
-  res.run.local_seconds_max = comm.allreduce_max(local_seconds);
-  res.run.local_seconds_min = -comm.allreduce_max(-local_seconds);
-  res.run.reduce_seconds_max = comm.allreduce_max(reduce_seconds);
-  res.reduced_rows = reducer.mean_rows();
-  if (!o.out.empty()) write_model(comm, o, model, ref, info.n_docs, res.run);
+  SviFit fit(model, o.stream ? nullptr : &corpus,
+             o.stream ? stream_reader(comm, in.data, indptr, info.n_words) : nullptr, info.n_docs,
+             info.tokens, o.seed, o.local);
+  engine::StochasticRun run;
+  run.comm = &comm;
+  // SVI runs its --max-iter passes: --tol is CAVI's (lda fit --help).
+  run.stop = {o.iterations(), 0.0};
+  run.checkpoint = &ck;
+  run.rows = rows;
+  run.global_rows = info.n_docs;
+  run.progress = progress;
+  if (in.heldout)
+    run.heldout = [&] {
+      return completion_score(comm, model, held, held_docs, o.local).perplexity;
+    };
+  run.counters = {{"doc_sweeps", &fit.sweeps()},
+                  {"tokens_visited", &fit.tokens_visited()},
+                  {"reduced_words", &fit.reduced_words()},
+                  {"reductions", &fit.reductions()}};
+  // --stream: any rank reads any document, so each minibatch is split evenly over the ranks.
+  run.schedule = {o.batch_size, o.tau0, o.kappa, o.seed, 0, o.stream};
+  res.run = engine::fit_stochastic(fit, run);
+  // LDA's SVI files have always said converged = 1 after their passes; kept, so that the outputs
+  // (and their golden hashes) are unchanged.
+  res.run.converged = true;
+  std::int64_t counts[4] = {fit.sweeps(), fit.tokens_visited(), fit.reduced_words(),
+                            fit.reductions()};
+  comm.allreduce_sum(std::span<std::int64_t>(counts, 4));
+  res.sweeps = counts[0];
+  // --stream: the tokens are those of the passes' documents (each pass visits every document).
+  if (o.stream && res.run.iterations > 0)
+    res.tokens = static_cast<double>(counts[1] / res.run.iterations);
+  // The mean share of the V rows a reduction moved.
+  if (counts[3] > 0)
+    res.reduced_rows = static_cast<double>(counts[2]) /
+                       (static_cast<double>(counts[3]) * static_cast<double>(info.n_words));
+  if (!o.out.empty()) write_model(comm, o, model, in.data, info.n_docs, res.run);
   return res;
 }
 

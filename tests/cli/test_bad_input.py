@@ -152,7 +152,10 @@ def main():
                   "--seed", "1", "--out", p("lda_v70.h5")],
                  [caviar, "-q", "lda", "fit", "--data", p("lda_a.h5"), "--topics", "3",
                   "--algorithm", "cavi", "--max-iter", "2", "--checkpoint", p("lda_ck.h5"),
-                  "--checkpoint-every", "1"]):
+                  "--checkpoint-every", "1"],
+                 [caviar, "-q", "lda", "fit", "--data", p("lda_a.h5"), "--topics", "3",
+                  "--algorithm", "svi", "--batch-size", "100", "--max-iter", "2",
+                  "--checkpoint", p("lda_svi_ck.h5"), "--checkpoint-every", "1"]):
         r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
         if r.returncode != 0:
             print(f"FAIL: setup {' '.join(argv[1:4])} failed:\n{r.stderr}")
@@ -167,6 +170,15 @@ def main():
             dst.attrs[k] = v
     # A CAVI checkpoint with a negative gamma, and a corpus whose /indptr declares 3e8 entries it
     # does not hold.
+    # An SVI checkpoint as caviar wrote it before SVI moved onto the engine's stochastic driver:
+    # its own position attributes (t, step), and no "layout" in its fingerprint.
+    shutil.copyfile(p("lda_svi_ck.h5"), p("lda_svi_ck_old.h5"))
+    with h5py.File(p("lda_svi_ck_old.h5"), "r+") as f:
+        fp = json.loads(f.attrs["fingerprint"])
+        del fp["layout"]
+        f.attrs["fingerprint"] = json.dumps(fp)
+        f.attrs["t"] = 3
+        f.attrs["step"] = 0
     shutil.copyfile(p("lda_ck.h5"), p("lda_ck_neg_gamma.h5"))
     with h5py.File(p("lda_ck_neg_gamma.h5"), "r+") as f:
         f["rows/gammas"][7, 1] = -1e-300
@@ -309,6 +321,7 @@ def main():
         ("resume: a counter that is not an integer", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_iter_1e300.h5"), "--out", out), "its attribute 'iteration' = 1.0000000000000001e+300 is not an integer"),
         ("resume: an array attribute", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_attr_array.h5"), "--out", out), "attribute 'elapsed' of"),
         ("resume: a dataset the file does not hold", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_unstored.h5"), "--out", out), "'model/stats' in"),
+        ("lda resume: an SVI checkpoint of an older caviar", 2, [caviar, "lda", "fit", "--data", p("lda_a.h5"), "--algorithm", "svi", "--batch-size", "100", "--topics", "3", "--resume", p("lda_svi_ck_old.h5"), "--out", out], "its fingerprint lacks 'layout'"),
         ("lda resume: a negative gamma", 2, lda(p("lda_a.h5"), "--topics", "3", "--resume", p("lda_ck_neg_gamma.h5"), "--out", out), "the gammas of document 7 are not all positive"),
         ("lda: an indptr the file does not hold", 2, lda(p("lda_unstored.h5"), "--topics", "3", "--out", out), "declares 300000000 elements"),
         ("lda checkpoint is the output", 2, lda(p("lda_a.h5"), "--topics", "3", "--checkpoint", out, "--out", out), "--checkpoint and --out name the same file"),

@@ -543,6 +543,21 @@ for data, extra in [("cat.h5", ["--algorithm", "em"]),
     diff = h5_differences(path("ck_ref.h5"), path("ck_res.h5"))
     check(not diff, f"{data} {' '.join(extra)}: resumed at 3 ranks from a 2-rank checkpoint: "
                     f"bitwise the uninterrupted fit {diff[:4]}")
+# SVI inside a pass: --checkpoint-every 1e-6s saves at every minibatch boundary, so the last
+# checkpoint stands before the last minibatch of the last pass (40 sequences, 6 minibatches a
+# pass); resumed at 3 ranks from it, the 2-rank fit must end bitwise as the uninterrupted one.
+svi = ["--states", "3", "--max-iter", "4", "--emission", "gaussian", "--algorithm", "svi",
+       "--batch-size", "7"]
+fit(path("gau.h5"), svi, path("mid_ref.h5"), 2)
+fit(path("gau.h5"), svi + ["--checkpoint", path("mid_ck.h5"), "--checkpoint-every", "0.000001s"],
+    path("mid_first.h5"), 2)
+with h5py.File(path("mid_ck.h5"), "r") as h:
+    at = (int(h.attrs["iteration"]), int(h.attrs["driver.step_in_epoch"]))
+check(at == (3, 5), f"SVI timed checkpoint: the last one inside pass 3, before minibatch 5 ({at})")
+fit(path("gau.h5"), svi + ["--resume", path("mid_ck.h5")], path("mid_res.h5"), 3)
+diff = h5_differences(path("mid_ref.h5"), path("mid_res.h5"))
+check(not diff, f"SVI resumed mid-pass at 3 ranks from a 2-rank checkpoint: bitwise the "
+                f"uninterrupted fit {diff[:4]}")
 # A real SIGTERM during the fit: exit 75 after writing the checkpoint; the resume completes it.
 long = ["hmm", "fit", "--data", path("rec.h5"), "--states", "3", "--algorithm", "cavi",
         "--emission", "gaussian", "--max-iter", "60", "--tol", "0"]

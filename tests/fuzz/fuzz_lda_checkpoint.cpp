@@ -1,6 +1,7 @@
-// Fuzz target: `lda fit --resume CHECKPOINT` (inference/lda_checkpoint.cpp and the fingerprint
-// check of inference/checkpoint.cpp), on a structure-aware HDF5 checkpoint (h5_spec.hpp). The whole
-// fit runs on a small fixed corpus, so that what the reader lets through is also used.
+// Fuzz target: `lda fit --resume CHECKPOINT` (engine/checkpoint.cpp's reader, the fingerprint of
+// inference/lda_checkpoint.cpp and its check in inference/checkpoint.cpp), on a structure-aware
+// HDF5 checkpoint (h5_spec.hpp). The whole fit runs on a small fixed corpus, so that what the
+// reader lets through is also used.
 //
 // Input: one configuration byte (which fit options; see kConfigs), then the checkpoint's entries.
 // The seeds are real checkpoints written by lda::fit with the same corpus and options, their
@@ -86,14 +87,15 @@ lda::FitOptions options(int c) {
 }
 
 // A real checkpoint of configuration c: CAVI before iteration 2 (with gammas); SVI (3 minibatches
-// a pass) after step 4, mid-pass.
+// a pass, a checkpoint at every minibatch boundary by time) the last one, before the third
+// minibatch of pass 2: mid-pass, with its position (driver/) and the pass's terms (rows/).
 caviar::fuzz::CheckpointTarget& target() {
   static caviar::fuzz::CheckpointTarget t(
       kConfigs,
       [](int c, const std::string& path) {
         lda::FitOptions o = options(c);
         o.checkpoint = path;
-        o.checkpoint_every = o.algorithm == "svi" ? "4" : "2";
+        o.checkpoint_every = o.algorithm == "svi" ? "0.000001s" : "2";
         o.max_iter = 2;
         lda::fit(comm(), o, nullptr);
       },
