@@ -1251,6 +1251,15 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
   ck.open(o.checkpoint.empty() && o.resume.empty()
               ? ckpt::Fingerprint("gmm-gibbs")
               : chain_fingerprint(comm, c, ref, src.shape(), model, init));
+  // A resumed chain continues to --sweeps. Its labels are the last sweep's local state, which a
+  // checkpoint does not hold, so a chain that is already finished cannot give them.
+  if (ck.iteration() > c.sweeps)
+    throw Error("--resume " + o.resume + " holds " + std::to_string(ck.iteration()) +
+                " sweeps, more than --sweeps " + std::to_string(c.sweeps));
+  if (ck.iteration() == c.sweeps && ck.resuming() && !o.labels.empty())
+    throw Error("--resume " + o.resume + " holds all " + std::to_string(c.sweeps) +
+                " sweeps but not the labels of the last one; give a larger --sweeps, or leave "
+                "out --labels");
   gmm_gibbs::BlockedSampler sampler(model, src.rows(), src.range().begin, n,
                                     model.exact_exponents(static_cast<double>(n), mom.max_abs),
                                     o.seed);

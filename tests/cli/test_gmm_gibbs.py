@@ -9,7 +9,8 @@ sweeps (50 burn-in) is run. Checks:
     threads (timings and provenance aside), and another seed gives another chain;
   - a chain checkpointed every 70 sweeps and resumed from its last checkpoint (sweep 140) at
     another rank count gives the same bits as the uninterrupted chain, and so does a chain
-    stopped by SIGTERM (exit 75) and resumed;
+    stopped by SIGTERM (exit 75) and resumed; that checkpoint resumed to --sweeps 100, or to
+    --sweeps 140 with --labels (the labels of sweep 140 are not in it), is refused in one line;
   - the file's shapes: trace/log_joint, trace/heldout, trace/seconds (200), trace/counts
     (200 x 3, each row summing to N), draws/weights (150 x 3, rows summing to 1), draws/means
     (150 x 3 x 2), draws/covariances (150 x 3 x 2 x 2, symmetric positive definite), /labels (N);
@@ -118,6 +119,16 @@ def main():
     resumed, resumed_labels = chain(caviar, p, "resumed", ranks=2, extra=["--resume", ck])
     same("resume (chain)", base, resumed)
     same("resume (labels)", base_labels, resumed_labels)
+    # A checkpoint of 140 sweeps cannot be resumed to fewer, nor give the labels of sweep 140.
+    for sweeps, extra, msg in ((100, [], "more than --sweeps 100"),
+                               (140, ["--labels", p("l140.h5")], "not the labels of the last")):
+        argv = chain_argv(caviar, p, "short", sweeps=sweeps)
+        argv = argv[:argv.index("--labels")] + extra + ["--resume", ck]
+        r = subprocess.run(mpirun(2) + argv, capture_output=True, text=True, timeout=60)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("caviar: ")]
+        if r.returncode == 0 or len(errors) != 1 or msg not in errors[0]:
+            raise SystemExit(f"FAIL: resume to --sweeps {sweeps}: rc {r.returncode}, {errors}")
+        print(f"resume to --sweeps {sweeps}: {errors[0]}")
 
     signal_resume(caviar, p, base, base_labels)
 
