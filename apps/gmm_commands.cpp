@@ -324,14 +324,27 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
                      "--data: write the last sweep's labels (HDF5, /labels)");
   auto files = std::make_shared<engine::CheckpointFiles>();
   engine::add_checkpoint_options(sample, *files);
-  sample->callback([&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files] {
+  sample->callback([&ctx, sample, model, n_rows, seed, out, chain, chain_cov, chain_init, files] {
     const bool with_data = !chain->fit.data.empty();
     if (with_data) ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    ctx.action = [&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files, with_data] {
+    // The options of the mode not chosen, given anyway: named, not silently ignored. Drawing rows
+    // from a model takes only --model, --n, --seed and --out; a chain takes all but --model, --n.
+    std::string stray;
+    for (const auto* opt : sample->get_options()) {
+      const std::string& name = opt->get_name();
+      const bool rows_only = name == "--model" || name == "--n";
+      const bool both = name == "--seed" || name == "--out" || name == "--help";
+      if (opt->count() > 0 && stray.empty() && !both && rows_only != !with_data) stray = name;
+    }
+    ctx.action = [&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files, with_data,
+                  stray] {
       if (with_data == !model->empty())
         throw Error(
             "gmm sample needs exactly one of --data (run a Gibbs chain) and --model (draw rows "
             "from a fitted model)");
+      if (!stray.empty())
+        throw Error(stray + (with_data ? " is for drawing rows from a --model, not for a chain"
+                                       : " is for a Gibbs chain on --data, not for --model"));
       if (!with_data) {
         gmm::sample(*ctx.comm, *model, *n_rows, *seed, *out);
         nlohmann::ordered_json j;

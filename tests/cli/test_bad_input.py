@@ -279,6 +279,8 @@ def main():
         ("gmm sample: --thin 0", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sweeps", "10", "--thin", "0", "--out", out], "--thin must be >= 1 (got 0)"),
         ("gmm sample: --sampler bogus", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "bogus", "--out", out], "unknown sampler 'bogus'"),
         ("gmm sample: --sampler collapsed", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "collapsed", "--out", out], "--sampler collapsed is not implemented yet"),
+        ("gmm sample: a chain option with --model", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "5", "--sweeps", "10", "--out", out], "--sweeps is for a Gibbs chain on --data"),
+        ("gmm sample: --n with --data", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--n", "5", "--out", out], "--n is for drawing rows from a --model"),
         ("gmm sample: --data and --model", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "--model", p("model3d.h5"), "-k", "2", "--n", "5", "--out", out], "exactly one of --data"),
         ("gmm sample: neither --data nor --model", 2, [caviar, "gmm", "sample", "--n", "5", "--out", out], "exactly one of --data"),
         ("score: dimension mismatch", 2, [caviar, "gmm", "score", "--model", p("model3d.h5"), "--data", p("good.h5") + ":/X"], "features but the model has 3"),
