@@ -23,7 +23,9 @@ concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
   { cm.width() } -> std::convertible_to<std::int64_t>;  // W: values per draw per block
   cm.block(rows, out);                                  // out: S x W, written in full
   { cm.gradient(sums, kept, 1.0, out) } -> std::convertible_to<double>;  // -> ELBO estimate
-  { cm.elbo(sums, kept) } -> std::convertible_to<double>;  // after set_draws(kElbo, .)
+  // After set_draws(kElbo, .), with sums over rows whose log-likelihood counts `scale` times
+  // (N / M for M rows drawn from N).
+  { cm.elbo(sums, kept, 1.0) } -> std::convertible_to<double>;
 };
 
 }  // namespace caviar::engine

@@ -103,3 +103,23 @@ bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double
 }
 
 }  // namespace caviar::engine::detail
+
+namespace caviar::engine {
+
+ElboRows elbo_rows(const Run& run, const DrawSchedule& s) {
+  ElboRows e;
+  if (s.elbo_rows <= 0 || s.elbo_rows >= run.global_rows) {
+    e.groups = detail::all_groups(run.rows);
+    e.n_global_groups = (run.global_rows + kBlockRows - 1) / kBlockRows;
+    return e;
+  }
+  // Step 2^32 - 1 of the minibatch stream: beyond any optimiser step (--max-iter is an int).
+  constexpr std::int64_t kElboRowsStep = 0xFFFFFFFF;
+  e.groups =
+      detail::minibatch_groups(run.global_rows, run.rows, s.elbo_rows, s.seed, kElboRowsStep);
+  e.n_global_groups = s.elbo_rows;
+  e.scale = static_cast<double>(run.global_rows) / static_cast<double>(s.elbo_rows);
+  return e;
+}
+
+}  // namespace caviar::engine

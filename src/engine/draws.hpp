@@ -19,8 +19,11 @@
 //                    in one integer allreduce: the sums are independent of ranks and threads
 //     update         model.gradient(sums, kept, N / B, g): the gradient of -ELBO in lambda,
 //                    computed identically on every rank; the optimiser's step (double)
-//   every E steps  the ELBO estimate: a full pass over every rank's rows with the model's
-//                  separate ELBO draws, summed exactly the same way. Stop, as Stan's ADVI does
+//   every E steps  the ELBO estimate with the model's separate ELBO draws, summed exactly the
+//                  same way, over every row, or with elbo_rows = M < N over M positions drawn
+//                  once (keyed by seed) and scaled by N / M: the same rows at every estimate, so
+//                  the changes that the stopping rule compares are not blurred by a new
+//                  subsample each time, and the cost stays M rows, not N. Stop, as Stan's ADVI does
 //                  (Kucukelbir et al. 2017, section 3.3), when the mean or the median of the
 //                  relative ELBO changes over a window of max(2, max_iter / (10 E)) evaluations
 //                  falls below tol.
@@ -50,6 +53,7 @@ struct DrawSchedule {
   std::int64_t batch_size = 1024;
   std::uint64_t seed = 0;
   int elbo_every = 100;
+  std::int64_t elbo_rows = 0;  // rows of the ELBO estimates (0 or >= N: all)
   OptimizerConfig optimizer;
 };
 
@@ -89,18 +93,35 @@ bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double
 
 }  // namespace detail
 
-// Collective: a full pass over every rank's rows with the model's draws (kind, t).
+// Collective: a pass over the rows of `groups` (local, by block) with the model's draws (kind,
+// t); n_global_groups bounds the number of groups over all ranks.
 template <DrawModel M>
-detail::DrawSums full_pass(const Comm& comm, M& model, const Run& run, DrawKind kind,
-                           std::int64_t t) {
+detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
+                             const std::vector<std::vector<std::int64_t>>& groups,
+                             std::int64_t n_global_groups) {
   model.set_draws(kind, t);
-  const auto groups = detail::all_groups(run.rows);
-  return detail::reduce_draws(comm, model.n_draws(), model.width(), groups,
-                              (run.global_rows + kBlockRows - 1) / kBlockRows,
+  return detail::reduce_draws(comm, model.n_draws(), model.width(), groups, n_global_groups,
                               [&](std::int64_t g, std::span<double> out) {
                                 model.block(groups[static_cast<std::size_t>(g)], out);
                               });
 }
+
+// Collective: a full pass over every rank's rows with the model's draws (kind, t).
+template <DrawModel M>
+detail::DrawSums full_pass(const Comm& comm, M& model, const Run& run, DrawKind kind,
+                           std::int64_t t) {
+  return groups_pass(comm, model, kind, t, detail::all_groups(run.rows),
+                     (run.global_rows + kBlockRows - 1) / kBlockRows);
+}
+
+// The rows of the ELBO estimates: every row, or elbo_rows positions drawn once with the
+// minibatches' stream at a step no fit reaches; the scale of their log-likelihood sums.
+struct ElboRows {
+  std::vector<std::vector<std::int64_t>> groups;
+  std::int64_t n_global_groups = 0;
+  double scale = 1;
+};
+ElboRows elbo_rows(const Run& run, const DrawSchedule& s);
 
 template <DrawModel M>
 DrawResult fit_draws(M& model, const DrawRun& run) {
@@ -115,6 +136,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   const std::int64_t window =
       std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
   const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
+  const ElboRows er = elbo_rows(run, sc);
   for (std::int64_t t = 0; t < run.stop.max_iter; ++t) {
     const auto groups =
         detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
@@ -137,9 +159,10 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     opt.update(lambda.data(), g.data(), 0, static_cast<std::int64_t>(lambda.size()));
     res.steps = t + 1;
     if ((t + 1) % sc.elbo_every != 0 && t + 1 != run.stop.max_iter) continue;
-    const detail::DrawSums e = full_pass(comm, model, run, DrawKind::kElbo, t + 1);
+    const detail::DrawSums e =
+        groups_pass(comm, model, DrawKind::kElbo, t + 1, er.groups, er.n_global_groups);
     res.dropped += e.dropped;
-    const double f = model.elbo(e.sums, e.kept);
+    const double f = model.elbo(e.sums, e.kept, er.scale);
     if (!std::isfinite(f))
       throw Error("the ELBO estimate is not finite at step " + std::to_string(t + 1) +
                   "; try a smaller --lr");

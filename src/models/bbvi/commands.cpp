@@ -27,6 +27,7 @@ struct FitOptions {
   engine::StopRule stop{20000, 0.01};
   std::int64_t batch_size = 1024;
   int elbo_every = 100;
+  std::int64_t elbo_rows = 20000;
 };
 
 // Collective: this rank's responses, the rows of `shard`, checked by the likelihood.
@@ -76,13 +77,14 @@ void check_options(FitOptions& o) {
   if (o.cfg.diagnostic_samples < 0) throw Error("--diagnostic-samples must be >= 0");
   if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
   if (o.elbo_every < 1) throw Error("--elbo-every must be >= 1");
+  if (o.elbo_rows < 1) throw Error("--elbo-rows must be >= 1");
   if (o.stop.max_iter < 1) throw Error("--max-iter must be >= 1");
 }
 
 // The posterior summary of q: /mean, /sd, and /covariance (fullrank) or /factor and /diag
 // (lowrank); /elbo_trace; the attributes of the fit.
 void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions& o,
-                    const engine::DrawResult& res, double k_hat) {
+                    const engine::DrawResult& res, double k_hat, std::int64_t n) {
   const Family& q = m.family();
   const std::span<const double> lambda{m.params().data(), m.params().size()};
   const auto p = static_cast<std::uint64_t>(q.dim());
@@ -106,6 +108,7 @@ void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions
   w.attr("dropped_draws", res.dropped);
   w.attr("family", o.family);
   w.attr("estimator", o.estimator);
+  w.attr("elbo_rows", std::min(o.elbo_rows, n));
   w.attr("likelihood", o.model);
   w.attr("prior_scale", o.cfg.glm.prior_scale);
 }
@@ -139,6 +142,7 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   run.schedule.batch_size = o.batch_size;
   run.schedule.seed = o.cfg.seed;
   run.schedule.elbo_every = o.elbo_every;
+  run.schedule.elbo_rows = o.elbo_rows;
   run.schedule.optimizer.method =
       o.optimizer == "adam" ? engine::Method::kAdam : engine::Method::kRobbinsMonro;
   run.schedule.optimizer.adam.lr = std::stod(o.lr);
@@ -152,7 +156,8 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   engine::Provenance p{"bbvi",         o.estimator, o.data, ctx.command_line,
                        CAVIAR_VERSION, o.cfg.seed,  "elbo"};
   engine::write_model_file(
-      comm, o.out, [&](engine::StateWriter& w) { save_posterior(w, model, o, res, k_hat); }, res,
+      comm, o.out,
+      [&](engine::StateWriter& w) { save_posterior(w, model, o, res, k_hat, x.shape.rows); }, res,
       p);
   auto j = engine::summary(ctx, res);
   j["steps"] = res.steps;
@@ -195,7 +200,11 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
       "this");
   f->add_option("--elbo-every", o->elbo_every, "Steps between ELBO estimates")
       ->capture_default_str();
-  f->add_option("--elbo-samples", o->cfg.elbo_samples, "Draws per ELBO estimate (all rows)")
+  f->add_option("--elbo-rows", o->elbo_rows,
+                "Rows of each ELBO estimate: drawn once and kept, their log-likelihood scaled "
+                "by N / rows (all N if N is smaller)")
+      ->capture_default_str();
+  f->add_option("--elbo-samples", o->cfg.elbo_samples, "Draws per ELBO estimate")
       ->capture_default_str();
   f->add_option("--diagnostic-samples", o->cfg.diagnostic_samples,
                 "Draws for the Pareto k-hat (0: none)")

@@ -87,18 +87,19 @@ double Posterior::gradient(std::span<const double> sums, std::span<const std::ui
   return elbo;
 }
 
-double Posterior::log_joint(std::span<const double> sums, int s) const {
+double Posterior::log_joint(std::span<const double> sums, int s, double scale) const {
   std::vector<double> gp(static_cast<std::size_t>(p_));
-  return sums[std::size_t(s * width_)] +
+  return scale * sums[std::size_t(s * width_)] +
          cfg_.glm.log_prior({theta_.row(s).data(), std::size_t(p_)}, gp);
 }
 
-double Posterior::elbo(std::span<const double> sums, std::span<const std::uint8_t> kept) const {
+double Posterior::elbo(std::span<const double> sums, std::span<const std::uint8_t> kept,
+                       double scale) const {
   double sum = 0;
   int n = 0;
   for (int s = 0; s < n_draws(); ++s)
     if (kept[std::size_t(s)]) {
-      sum += log_joint(sums, s);
+      sum += log_joint(sums, s, scale);
       ++n;
     }
   return sum / n + q_.entropy({lambda_.data(), lambda_.size()});

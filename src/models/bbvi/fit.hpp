@@ -47,14 +47,15 @@ class Posterior {
   void block(std::span<const std::int64_t> rows, std::span<double> out) const;
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;
-  double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept) const;
+  double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale) const;
   // After a full pass with set_draws(kDiagnostic, .): log p(y, theta_s) - log q(theta_s) of
   // the kept draws.
   std::vector<double> log_ratios(std::span<const double> sums,
                                  std::span<const std::uint8_t> kept) const;
 
  private:
-  double log_joint(std::span<const double> sums, int s) const;  // full data: sum + log prior
+  // scale * the log-likelihood sum of draw s + its log prior (scale 1: every row summed).
+  double log_joint(std::span<const double> sums, int s, double scale = 1) const;
   FitConfig cfg_;
   Family q_;
   std::span<const double> x_, y_;
