@@ -6,6 +6,7 @@
 #include <span>
 
 #include "engine/optimizer.hpp"
+#include "engine/state.hpp"
 
 namespace caviar::engine {
 
@@ -16,7 +17,8 @@ enum class DrawKind { kGradient, kElbo, kDiagnostic };
 template <class M>
 concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
                              std::span<const std::int64_t> rows, std::span<double> out,
-                             std::span<const double> sums, std::span<const std::uint8_t> kept) {
+                             std::span<const double> sums, std::span<const std::uint8_t> kept,
+                             StateWriter& w, const StateReader& r) {
   { m.params() } -> std::same_as<BasicParams<double>&>;
   m.set_draws(k, t);                                    // before block() of that pass
   { cm.n_draws() } -> std::convertible_to<int>;         // S of the current draws
@@ -26,6 +28,8 @@ concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
   // After set_draws(kElbo, .), with sums over rows whose log-likelihood counts `scale` times
   // (N / M for M rows drawn from N).
   { cm.elbo(sums, kept, 1.0) } -> std::convertible_to<double>;
+  cm.save(w);  // lambda, for checkpoints
+  m.load(r);
 };
 
 }  // namespace caviar::engine

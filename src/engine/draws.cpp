@@ -4,6 +4,7 @@
 
 #include "core/gradient_sum.hpp"
 #include "core/parallel.hpp"
+#include "inference/checkpoint.hpp"
 
 namespace caviar::engine::detail {
 
@@ -100,6 +101,11 @@ bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double
   const std::size_t m = rel.size();
   const double median = m % 2 ? rel[m / 2] : 0.5 * (rel[m / 2 - 1] + rel[m / 2]);
   return mean < tol || median < tol;
+}
+
+std::int64_t steps_done(const StateReader& r, std::int64_t max_iter) {
+  return ckpt::checked_int(r.attr_double("steps_done"), 0, max_iter,
+                           "the checkpoint's steps done (more than --max-iter?)");
 }
 
 }  // namespace caviar::engine::detail

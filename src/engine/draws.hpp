@@ -28,7 +28,11 @@
 //                  relative ELBO changes over a window of max(2, max_iter / (10 E)) evaluations
 //                  falls below tol.
 //
-// --max-iter counts optimiser steps. No checkpoints yet.
+// --max-iter counts optimiser steps. Stop signals are agreed before every step. A checkpoint
+// holds lambda (model/), the optimiser's state and the steps done (driver/) and the ELBO trace;
+// its "iteration" is the number of ELBO estimates, so --checkpoint-every N saves after every N-th
+// estimate (Ts: every T seconds, at the next step). Every draw is keyed by (seed, step), so a
+// resume continues bit for bit, at the same or another rank count.
 #include <algorithm>
 #include <cmath>
 #include <concepts>
@@ -43,6 +47,7 @@
 #include "core/partition.hpp"
 #include "core/rng.hpp"
 #include "engine/batch.hpp"
+#include "engine/checkpoint.hpp"
 #include "engine/draw_model.hpp"
 #include "engine/optimizer.hpp"
 #include "engine/run.hpp"
@@ -88,6 +93,9 @@ std::vector<std::vector<std::int64_t>> minibatch_groups(std::int64_t n, RowRange
 // Every local row, grouped by block.
 std::vector<std::vector<std::int64_t>> all_groups(RowRange rows);
 
+// A checkpoint's steps done (driver/steps_done), checked against --max-iter.
+std::int64_t steps_done(const StateReader& r, std::int64_t max_iter);
+
 // Stan's ADVI stopping rule on the relative changes of the ELBO estimates.
 bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double tol);
 
@@ -126,18 +134,42 @@ ElboRows elbo_rows(const Run& run, const DrawSchedule& s);
 template <DrawModel M>
 DrawResult fit_draws(M& model, const DrawRun& run) {
   const Comm& comm = *run.comm;
+  Checkpointer& ck = *run.checkpoint;
   const DrawSchedule& sc = run.schedule;
   BasicParams<double>& lambda = model.params();
   BasicOptimizer<double> opt(sc.optimizer, static_cast<std::int64_t>(lambda.size()));
   BasicParams<double> g(lambda.size());
   DrawResult res;
-  FitClock clock;
+  std::int64_t t0 = 0;
+  const std::vector<Counter> counters{{"dropped_draws", &res.dropped}};
+  ck.restore_model([&](const StateReader& r) { model.load(r); });
+  ck.restore_driver([&](const StateReader& r) {
+    opt.load(r);
+    t0 = detail::steps_done(r, run.stop.max_iter);
+  });
+  ck.restore_counters(counters);
+  res.trace = ck.trace();
+  res.steps = t0;
+  FitClock clock(ck.elapsed());
+  // Before step t + 1 (t steps done): a count boundary right after an ELBO estimate.
+  const auto boundary = [&](std::int64_t t) {
+    const bool estimate = t > 0 && t % sc.elbo_every == 0;
+    ck.boundary(
+        {static_cast<int>(res.trace.objective.size()), !estimate,
+         "before step " + std::to_string(t + 1)},
+        res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {}, counters,
+        [&](StateWriter& w) {
+          opt.save(w);
+          w.attr("steps_done", t);
+        });
+  };
   double local_seconds = 0, reduce_seconds = 0;
   const std::int64_t window =
       std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
   const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
   const ElboRows er = elbo_rows(run, sc);
-  for (std::int64_t t = 0; t < run.stop.max_iter; ++t) {
+  for (std::int64_t t = t0; t < run.stop.max_iter; ++t) {
+    boundary(t);
     const auto groups =
         detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
     model.set_draws(DrawKind::kGradient, t);
@@ -172,6 +204,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
       break;
     }
   }
+  if (res.steps == run.stop.max_iter && !res.converged) boundary(res.steps);
   res.iterations = static_cast<int>(res.steps);
   detail::finish(comm, local_seconds, reduce_seconds, clock, res);
   return res;

@@ -20,9 +20,15 @@
    lr 1e-3: 0.05-0.25 posterior sd in the mean (different signs from run to run: no bias seen),
    under 1.5% in the sd. Tolerances: 0.3 sd in the mean, 10% in the sd.
 
+4. Checkpoint/resume: a fit checkpointed after every ELBO estimate (--checkpoint-every 1) up to
+   its end (150 steps), resumed to 300 steps at 3
+   ranks, and a fit stopped by SIGTERM after its first ELBO estimate (exit 75), resumed to 300
+   steps at 2 ranks, both give the bits of the uninterrupted 300-step fit.
+
 usage: test_bbvi.py CAVIAR_BIN WORKDIR
 """
 import os
+import signal
 import subprocess
 import sys
 
@@ -94,6 +100,38 @@ check(np.array_equal(ds["mean"], dall["mean"]), "--elbo-rows leaves the optimise
 rel = np.abs(ds["elbo_trace"] - dall["elbo_trace"]) / np.abs(dall["elbo_trace"])
 check(rel.max() < 0.05 and not np.array_equal(ds["elbo_trace"], dall["elbo_trace"]),
       f"subsampled ELBO within 5% of the all-rows one and not equal to it (max {rel.max():.3f})")
+
+# 4. Checkpoint/resume gives the uninterrupted fit's bits.
+ck_args = ["--batch-size", "300", "--elbo-every", "50", "--elbo-samples", "20",
+           "--diagnostic-samples", "50", "--tol", "0", "--family", "fullrank"]
+fit(1, p("logit.h5"), p("ck_full.h5"), *ck_args, "--max-iter", "300")
+fit(1, p("logit.h5"), p("ck_half.h5"), *ck_args, "--max-iter", "150", "--checkpoint",
+    p("ck.h5"), "--checkpoint-every", "1")
+with h5py.File(p("ck.h5"), "r") as f:
+    check(int(f.attrs["iteration"]) == 3, f"the checkpoint holds 3 ELBO estimates "
+                                           f"({f.attrs['iteration']})")
+fit(3, p("logit.h5"), p("ck_resumed.h5"), *ck_args, "--max-iter", "300", "--resume", p("ck.h5"))
+diff = h5_differences(p("ck_full.h5"), p("ck_resumed.h5"))
+check(not diff, f"checkpoint at step 150, resumed at 3 ranks to 300: the same bits {diff}")
+argv = [CAVIAR, "bbvi", "fit", "--data", p("logit.h5") + ":/X", "--response",
+        p("logit.h5") + ":/y", "--seed", "3", "--out", p("sig.h5"), *ck_args, "--max-iter",
+        "1000000", "--checkpoint", p("sig_ck.h5")]
+proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        env=dict(os.environ, OMP_NUM_THREADS="1"))
+for line in proc.stderr:
+    if line.startswith("step"):
+        proc.send_signal(signal.SIGTERM)
+        break
+_, err = proc.communicate(timeout=120)
+check(proc.returncode == 75, f"SIGTERM: exit 75 with a checkpoint ({proc.returncode}: {err[-300:]})")
+if proc.returncode == 75:
+    with h5py.File(p("sig_ck.h5"), "r") as f:
+        done = int(f.attrs["driver.steps_done"])
+    fit(2, p("logit.h5"), p("sig_resumed.h5"), *ck_args, "--max-iter", "300", "--resume",
+        p("sig_ck.h5"))
+    diff = h5_differences(p("ck_full.h5"), p("sig_resumed.h5"))
+    check(0 < done < 300 and not diff,
+          f"SIGTERM after step {done}, resumed at 2 ranks to 300: the same bits {diff}")
 
 # 2. Conjugate exactness: linear regression, sigma known.
 N, D, SIGMA, S0 = 60, 2, 1.0, 1.0

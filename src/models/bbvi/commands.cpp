@@ -11,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "engine/draws.hpp"
 #include "engine/model_file.hpp"
+#include "inference/checkpoint.hpp"
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "models/bbvi/fit.hpp"
@@ -28,6 +29,7 @@ struct FitOptions {
   std::int64_t batch_size = 1024;
   int elbo_every = 100;
   std::int64_t elbo_rows = 20000;
+  engine::CheckpointFiles files;
 };
 
 // Collective: this rank's responses, the rows of `shard`, checked by the likelihood.
@@ -113,11 +115,38 @@ void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions
   w.attr("prior_scale", o.cfg.glm.prior_scale);
 }
 
+// What a resume must share with the run that wrote the checkpoint: the data, and every option
+// that changes the sequence of draws, minibatches and updates.
+ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& xref,
+                              const Shard& x) {
+  ckpt::Fingerprint fp("bbvi");
+  ckpt::add_data(fp, comm, "--data", xref, x.shape);
+  const io::DataRef yref = io::DataRef::parse(o.response, "/y");
+  ckpt::add_data(fp, comm, "--response", yref, io::inspect_matrix(comm, yref, true));
+  fp.add("model", o.model, "--model");
+  fp.add("classes", static_cast<std::int64_t>(o.cfg.glm.classes), "--classes");
+  fp.add("noise_sd", o.cfg.glm.noise_sd, "--noise-sd");
+  fp.add("prior_scale", o.cfg.glm.prior_scale, "--prior-scale");
+  fp.add("family", o.family, "--family");
+  fp.add("rank", static_cast<std::int64_t>(o.cfg.rank), "--rank");
+  fp.add("estimator", o.estimator, "--estimator");
+  fp.add("samples", static_cast<std::int64_t>(o.cfg.samples), "--samples");
+  fp.add("batch_size", o.batch_size, "--batch-size");
+  fp.add("optimizer", o.optimizer, "--optimizer");
+  fp.add("lr", o.lr, "--lr");
+  fp.add("elbo_every", static_cast<std::int64_t>(o.elbo_every), "--elbo-every");
+  fp.add("elbo_samples", static_cast<std::int64_t>(o.cfg.elbo_samples), "--elbo-samples");
+  fp.add("elbo_rows", o.elbo_rows, "--elbo-rows");
+  fp.add("seed", static_cast<std::int64_t>(o.cfg.seed), "--seed");
+  return fp;
+}
+
 void run_fit(engine::Context& ctx, FitOptions o) {
   const Comm& comm = *ctx.comm;
   check_options(o);
   const io::DataRef xref = io::DataRef::parse(o.data), yref = io::DataRef::parse(o.response, "/y");
   io::check_output_path(comm, o.out, {xref.file, yref.file});
+  engine::Checkpointer ck(comm, o.files, {xref.file, yref.file}, o.out);
   const Shard x = load_shard(comm, xref);
   o.cfg.glm.features = static_cast<int>(x.shape.cols);
   const std::vector<double> y = load_responses(comm, yref, x, o.cfg.glm);
@@ -128,8 +157,11 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   print_progress(ctx, "caviar bbvi fit: " + o.data + ", " + o.model + ", " + o.family + ", " +
                           o.estimator + ", " + std::to_string(comm.size()) + " ranks x " +
                           std::to_string(max_threads()) + " threads");
+  if (!o.files.checkpoint.empty() || !o.files.resume.empty())
+    ck.open(fingerprint(comm, o, xref, x));
   engine::DrawRun run;
   run.comm = &comm;
+  run.checkpoint = &ck;
   run.stop = o.stop;
   run.rows = x.range;
   run.global_rows = x.shape.rows;
@@ -211,7 +243,11 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
       ->capture_default_str();
   f->add_option("--seed", o->cfg.seed, "Random seed")->capture_default_str();
   f->add_option("--out", o->out, "Posterior FILE.h5")->required();
-  f->callback([&ctx, o] { ctx.action = [&ctx, o] { run_fit(ctx, *o); }; });
+  engine::add_checkpoint_options(f, o->files);
+  f->callback([&ctx, o] {
+    ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
+    ctx.action = [&ctx, o] { run_fit(ctx, *o); };
+  });
 }
 
 }  // namespace caviar::bbvi

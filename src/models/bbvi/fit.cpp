@@ -1,7 +1,9 @@
 #include "models/bbvi/fit.hpp"
 
+#include <algorithm>
 #include <cmath>
 
+#include "core/error.hpp"
 #include "core/rng.hpp"
 
 namespace caviar::bbvi {
@@ -113,6 +115,17 @@ std::vector<double> Posterior::log_ratios(std::span<const double> sums,
     if (kept[std::size_t(s)])
       out.push_back(log_joint(sums, s) - q_.log_q(lambda, {theta_.row(s).data(), std::size_t(p_)}));
   return out;
+}
+
+void Posterior::save(engine::StateWriter& w) const {
+  w.array("lambda", {lambda_.data(), lambda_.size()}, {lambda_.size()});
+}
+
+void Posterior::load(const engine::StateReader& r) {
+  const std::vector<double> l = r.array("lambda", {lambda_.size()});
+  for (double v : l)
+    if (!std::isfinite(v)) throw Error("the checkpoint's variational parameters are not finite");
+  std::copy(l.begin(), l.end(), lambda_.begin());
 }
 
 }  // namespace caviar::bbvi

@@ -48,6 +48,9 @@ class Posterior {
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;
   double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale) const;
+  // lambda as "lambda" (a checkpoint's model/); load checks its size and finiteness.
+  void save(engine::StateWriter& w) const;
+  void load(const engine::StateReader& r);
   // After a full pass with set_draws(kDiagnostic, .): log p(y, theta_s) - log q(theta_s) of
   // the kept draws.
   std::vector<double> log_ratios(std::span<const double> sums,
