@@ -275,6 +275,7 @@ def main():
         ("gmm sample: --n 0", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "0", "--out", out], "--n must be >= 1 (got 0)"),
         ("gmm sample: an hmm model", 2, [caviar, "gmm", "sample", "--model", p("hmm_cm.h5"), "--n", "5", "--out", out], "is not a caviar gmm model"),
         ("gmm sample: the model is the output", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "5", "--out", p("model3d.h5")], "model3d.h5"),
+        ("bbvi predict: a gmm model", 2, [caviar, "bbvi", "predict", "--model", p("model3d.h5"), "--data", p("good3d.h5"), "--out", out], "is not a posterior written by caviar bbvi fit"),
         ("gmm sample: --burn-in >= --sweeps", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sweeps", "10", "--burn-in", "10", "--out", out], "--burn-in must be in [0, --sweeps)"),
         ("gmm sample: --thin 0", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sweeps", "10", "--thin", "0", "--out", out], "--thin must be >= 1 (got 0)"),
         ("gmm sample: --sampler bogus", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "bogus", "--out", out], "unknown sampler 'bogus'"),

@@ -1,6 +1,8 @@
 // caviar bbvi fit: the GLM posterior (fit.hpp) on the draws driver, rows sharded over ranks.
 #include "models/bbvi/commands.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "models/bbvi/fit.hpp"
+#include "models/bbvi/predict.hpp"
 #include "models/bbvi/psis.hpp"
 
 namespace caviar::bbvi {
@@ -105,6 +108,12 @@ void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions
     w.array("diag", c, {p});
   }
   w.array("elbo_trace", res.trace.objective, {res.trace.objective.size()});
+  // What bbvi predict needs to draw from q again: lambda and the model's shape.
+  w.array("lambda", lambda, {lambda.size()});
+  w.attr("features", static_cast<std::int64_t>(o.cfg.glm.features));
+  w.attr("classes", static_cast<std::int64_t>(o.cfg.glm.classes));
+  w.attr("noise_sd", o.cfg.glm.noise_sd);
+  w.attr("rank", static_cast<std::int64_t>(q.rank()));
   w.attr("k_hat", k_hat);
   w.attr("steps", res.steps);
   w.attr("dropped_draws", res.dropped);
@@ -199,6 +208,114 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   print_summary(ctx, j);
 }
 
+struct PredictOptions {
+  std::string model, data, response, out;
+  int samples = 1000;
+  std::uint64_t seed = 0;
+};
+
+// A fitted posterior read back (every rank reads the small file).
+struct Fitted {
+  Glm glm;
+  FamilyKind family = FamilyKind::kMeanField;
+  int rank = 0;
+  std::vector<double> lambda;
+};
+
+Fitted read_fitted(const Comm& comm, const std::string& file) {
+  Fitted f;
+  comm.agree([&] {
+    io::FileReader r(file);
+    if (!r.has_attr("model") || r.read_string_attr("model") != "bbvi" || !r.has("lambda"))
+      throw Error("'" + file + "' is not a posterior written by caviar bbvi fit");
+    const std::string bad = "'" + file + "': ";
+    f.glm.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
+    f.glm.features = static_cast<int>(ckpt::read_int(r, "features", 1, INT_MAX, bad));
+    f.glm.classes = static_cast<int>(ckpt::read_int(r, "classes", 2, INT_MAX, bad));
+    f.glm.noise_sd = r.read_double_attr("noise_sd");
+    f.family = parse_family(r.read_string_attr("family"));
+    f.rank = static_cast<int>(ckpt::read_int(r, "rank", 0, INT_MAX, bad));
+    f.lambda = r.read("lambda");
+    const Family q(f.family, static_cast<int>(f.glm.n_params()), f.rank);
+    if (static_cast<std::int64_t>(f.lambda.size()) != q.n_params())
+      throw Error(bad + "lambda has the wrong size for its family");
+    for (double v : f.lambda)
+      if (!std::isfinite(v)) throw Error(bad + "lambda holds a value that is not finite");
+  });
+  return f;
+}
+
+// The draws of bbvi predict: step 2^32 - 1 of the ELBO stream, which no fit reaches.
+RowMatrix predictive_draws(const Fitted& f, int samples, std::uint64_t seed) {
+  const Family q(f.family, static_cast<int>(f.glm.n_params()), f.rank);
+  const RowMatrix eps = draw_noise(seed, 0xFFFFFFFFu, samples, q.n_noise(), Stream::kBbviElbo);
+  RowMatrix theta(samples, f.glm.n_params());
+  for (int k = 0; k < samples; ++k)
+    q.draw(f.lambda, {eps.row(k).data(), std::size_t(eps.cols())},
+           {theta.row(k).data(), std::size_t(theta.cols())});
+  return theta;
+}
+
+void run_predict(engine::Context& ctx, const PredictOptions& o) {
+  const Comm& comm = *ctx.comm;
+  if (o.samples < 1) throw Error("--samples must be >= 1 (got " + std::to_string(o.samples) + ")");
+  const io::DataRef xref = io::DataRef::parse(o.data);
+  std::vector<std::string> inputs{o.model, xref.file};
+  if (!o.response.empty()) inputs.push_back(io::DataRef::parse(o.response, "/y").file);
+  io::check_output_path(comm, o.out, inputs);
+  const Fitted f = read_fitted(comm, o.model);
+  const Shard x = load_shard(comm, xref);
+  if (x.shape.cols != f.glm.features)
+    throw Error(xref.str() + " has " + std::to_string(x.shape.cols) + " columns; the posterior " +
+                "was fitted to " + std::to_string(f.glm.features));
+  std::vector<double> y;
+  if (!o.response.empty()) y = load_responses(comm, io::DataRef::parse(o.response, "/y"), x, f.glm);
+  const RowMatrix theta = predictive_draws(f, o.samples, o.seed);
+  const std::int64_t n = x.range.size(), d = f.glm.features, c = f.glm.outputs();
+  // Decided from the options, never from this rank's (possibly empty) share of the rows: every
+  // rank must make the same collective calls.
+  const bool with_sd =
+      f.glm.likelihood == Likelihood::kLinear || f.glm.likelihood == Likelihood::kPoisson;
+  const bool with_y = !o.response.empty();
+  std::vector<double> mean(static_cast<std::size_t>(n * c)), sd, logd;
+  if (with_sd) sd.resize(static_cast<std::size_t>(n));
+  if (with_y) logd.resize(static_cast<std::size_t>(n));
+  parallel_blocks(n, kBlockRows, max_threads(), [&](int, std::int64_t b, std::int64_t e) {
+    const Prediction p =
+        predict(f.glm, theta, {x.x.data() + b * d, std::size_t((e - b) * d)},
+                with_y ? std::span<const double>(y).subspan(b, e - b) : std::span<const double>{});
+    std::copy(p.mean.data(), p.mean.data() + p.mean.size(), mean.begin() + b * c);
+    if (with_sd) std::copy(p.sd.begin(), p.sd.end(), sd.begin() + b);
+    if (with_y) std::copy(p.log_density.begin(), p.log_density.end(), logd.begin() + b);
+  });
+  io::ParallelRowWriter w(comm, o.out);
+  w.write_rows("mean", x.shape.rows, x.range, mean.data(),
+               c == 1 ? io::Dims{} : io::Dims{static_cast<std::uint64_t>(c)});
+  if (with_sd) w.write_rows("sd", x.shape.rows, x.range, sd.data(), {});
+  if (with_y) w.write_rows("log_density", x.shape.rows, x.range, logd.data(), {});
+  w.commit();
+  nlohmann::ordered_json j;
+  j["n"] = x.shape.rows;
+  j["samples"] = o.samples;
+  if (with_y) {
+    // The mean log predictive density, summed exactly (the same at any rank count), and for
+    // classifiers the accuracy of the most probable class.
+    j["log_predictive_density"] = engine::exact_sum(comm, logd) / static_cast<double>(x.shape.rows);
+    if (f.glm.likelihood == Likelihood::kLogistic || f.glm.likelihood == Likelihood::kSoftmax) {
+      std::vector<double> correct(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double* row = mean.data() + i * c;
+        const std::int64_t label =
+            c == 1 ? (row[0] > 0.5 ? 1 : 0) : std::max_element(row, row + c) - row;
+        correct[static_cast<std::size_t>(i)] = label == static_cast<std::int64_t>(y[i]) ? 1 : 0;
+      }
+      j["accuracy"] = engine::exact_sum(comm, correct) / static_cast<double>(x.shape.rows);
+    }
+  }
+  j["out"] = o.out;
+  print_summary(ctx, j);
+}
+
 }  // namespace
 
 void add_commands(CLI::App& cli, engine::Context& ctx) {
@@ -244,6 +361,22 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   f->add_option("--seed", o->cfg.seed, "Random seed")->capture_default_str();
   f->add_option("--out", o->out, "Posterior FILE.h5")->required();
   engine::add_checkpoint_options(f, o->files);
+
+  auto po = std::make_shared<PredictOptions>();
+  auto* pr = b->add_subcommand(
+      "predict", "Posterior predictive of a fitted GLM posterior, by Monte Carlo over q");
+  pr->add_option("--model", po->model, "Posterior FILE.h5 written by bbvi fit")->required();
+  pr->add_option("--data", po->data, "Rows FILE.h5[:/path] to predict, N x D")->required();
+  pr->add_option("--response", po->response,
+                 "Their responses FILE.h5[:/path]: adds /log_density and the mean log "
+                 "predictive density (and accuracy for classifiers) to the summary");
+  pr->add_option("--samples", po->samples, "Draws of q")->capture_default_str();
+  pr->add_option("--seed", po->seed, "Seed of the draws")->capture_default_str();
+  pr->add_option("--out", po->out,
+                 "FILE.h5: /mean (N, or N x C class probabilities), /sd (linear, poisson), "
+                 "/log_density")
+      ->required();
+  pr->callback([&ctx, po] { ctx.action = [&ctx, po] { run_predict(ctx, *po); }; });
   f->callback([&ctx, o] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
     ctx.action = [&ctx, o] { run_fit(ctx, *o); };
