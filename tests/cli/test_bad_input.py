@@ -383,7 +383,7 @@ def main():
         ("bbvi: --rank with meanfield", 2, bbvi(p("glm_good.h5"), "--rank", "2"), "--rank applies to --family lowrank only"),
         ("bbvi: --rank >= dimension", 2, bbvi(p("glm_good.h5"), "--family", "lowrank", "--rank", "4"), "--rank must be below the number of parameters (4)"),
         ("bbvi: unknown --model", 2, bbvi(p("glm_good.h5"), "--model", "probit"), "--model"),
-        ("bbvi: --lr auto", 2, bbvi(p("glm_good.h5"), "--lr", "auto"), "--lr auto is not implemented"),
+        ("bbvi: --lr auto with --adapt-iter 0", 2, bbvi(p("glm_good.h5"), "--lr", "auto", "--adapt-iter", "0"), "--adapt-iter must be >= 1"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
     doc_rows = []

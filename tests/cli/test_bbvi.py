@@ -21,9 +21,9 @@
    under 1.5% in the sd. Tolerances: 0.3 sd in the mean, 10% in the sd.
 
 4. Checkpoint/resume: a fit checkpointed after every ELBO estimate (--checkpoint-every 1) up to
-   its end (150 steps), resumed to 300 steps at 3
-   ranks, and a fit stopped by SIGTERM after its first ELBO estimate (exit 75), resumed to 300
-   steps at 2 ranks, both give the bits of the uninterrupted 300-step fit.
+   its end (150 steps), resumed to 300 steps at 3 ranks, and a fit stopped by SIGTERM after its
+   first ELBO estimate (exit 75), resumed to 300 steps at 2 ranks, both give the bits of the
+   uninterrupted 300-step fit.
 
 5. bbvi predict: on the linear full-rank fit of part 2, the predictive mean and sd of each row are
    x~^T mu_q and sqrt(sigma^2 + x~^T Sigma_q x~) of the fitted q (read back from the file) within
@@ -31,6 +31,9 @@
    density is log P(y = 1) or log P(y = 0) from /mean (two computations: log-sum-exp of the
    draws' likelihoods, and the mean of their sigmoids), the accuracy is the file's, and the file is
    the same bits at 1 and 3 ranks.
+
+6. --lr auto runs its five trials and keeps the rate with the best final ELBO; the choice and the
+   fit are the same at 1 and 2 ranks.
 
 usage: test_bbvi.py CAVIAR_BIN WORKDIR
 """
@@ -140,6 +143,21 @@ if proc.returncode == 75:
     diff = h5_differences(p("ck_full.h5"), p("sig_resumed.h5"))
     check(0 < done < 300 and not diff,
           f"SIGTERM after step {done}, resumed at 2 ranks to 300: the same bits {diff}")
+
+# 1c. --lr auto: five trials, the best final ELBO wins, the same choice and bits at 1 and 2 ranks.
+auto = ["--max-iter", "100", "--batch-size", "300", "--elbo-every", "50", "--elbo-samples", "20",
+        "--diagnostic-samples", "0", "--tol", "0", "--lr", "auto", "--adapt-iter", "30"]
+argv = [CAVIAR, "bbvi", "fit", "--data", p("logit.h5") + ":/X", "--response",
+        p("logit.h5") + ":/y", "--seed", "3", "--out", p("auto_1.h5"), *auto]
+r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+trials = {float(line.split()[2]): float(line.split()[-1]) for line in r.stderr.splitlines()
+          if line.startswith("--lr auto:") and "elbo" in line}
+fit(2, p("logit.h5"), p("auto_2.h5"), *auto)
+with h5py.File(p("auto_1.h5"), "r") as f:
+    chosen = float(f.attrs["lr"])
+check(r.returncode == 0 and len(trials) == 5 and chosen == max(trials, key=trials.get)
+      and not h5_differences(p("auto_1.h5"), p("auto_2.h5")),
+      f"--lr auto: 5 trials {trials}, chose {chosen} (the best), same bits at 1 and 2 ranks")
 
 # 2. Conjugate exactness: linear regression, sigma known.
 N, D, SIGMA, S0 = 60, 2, 1.0, 1.0

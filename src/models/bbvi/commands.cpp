@@ -5,7 +5,9 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,8 +34,48 @@ struct FitOptions {
   std::int64_t batch_size = 1024;
   int elbo_every = 100;
   std::int64_t elbo_rows = 20000;
+  int adapt_iter = 50;  // steps of each trial of --lr auto
   engine::CheckpointFiles files;
 };
+
+// --lr auto, after Stan's step-size adaptation (Kucukelbir et al. 2017, section 3.3): a short
+// trial of adapt_iter steps from the same start for each rate, largest first, and the rate whose
+// ELBO estimate at the trial's end is highest. A trial whose draws or ELBO turn non-finite (the
+// driver's agreed error) counts as diverged. Every rank computes the same trials, so the choice is
+// the same everywhere and at any rank count.
+double adapt_lr(const engine::Context& ctx, const FitOptions& o, const engine::DrawRun& base,
+                std::span<const double> x, std::span<const double> y) {
+  const double rates[] = {0.1, 0.03, 0.01, 0.003, 0.001};
+  double best = 0, best_elbo = -std::numeric_limits<double>::infinity();
+  for (double lr : rates) {
+    Posterior trial(o.cfg, x, y);
+    engine::Checkpointer none(*base.comm, {}, {}, "");  // a trial is never checkpointed
+    engine::DrawRun run = base;
+    run.checkpoint = &none;
+    run.stop = {o.adapt_iter, 0.0};
+    run.schedule.elbo_every = o.adapt_iter;
+    run.schedule.optimizer.adam.lr = lr;
+    run.progress = {};
+    double elbo = -std::numeric_limits<double>::infinity();
+    try {
+      elbo = engine::fit_draws(trial, run).trace.objective.back();
+    } catch (const Error&) {
+    }
+    char line[120];
+    std::snprintf(line, sizeof line, "--lr auto: %g for %d steps: elbo % .6e", lr, o.adapt_iter,
+                  elbo);
+    print_progress(ctx, line);
+    if (elbo > best_elbo) {
+      best_elbo = elbo;
+      best = lr;
+    }
+  }
+  if (best == 0)
+    throw Error(
+        "--lr auto: every trial rate diverged (0.1 to 0.001); check the data or give a "
+        "smaller --lr");
+  return best;
+}
 
 // Collective: this rank's responses, the rows of `shard`, checked by the likelihood.
 std::vector<double> load_responses(const Comm& comm, const io::DataRef& ref, const Shard& x,
@@ -59,14 +101,14 @@ void check_options(FitOptions& o) {
   o.cfg.glm.likelihood = parse_likelihood(o.model);
   o.cfg.family = parse_family(o.family);
   o.cfg.estimator = parse_estimator(o.estimator);
-  if (o.lr == "auto") throw Error("--lr auto is not implemented yet; give a number, e.g. 0.01");
-  try {
-    std::size_t used = 0;
-    const double lr = std::stod(o.lr, &used);
-    if (used != o.lr.size() || !(lr > 0) || !std::isfinite(lr)) throw std::invalid_argument("");
-  } catch (const std::exception&) {
-    throw Error("--lr must be a positive number, got '" + o.lr + "'");
-  }
+  if (o.adapt_iter < 1) throw Error("--adapt-iter must be >= 1");
+  if (o.lr != "auto") try {
+      std::size_t used = 0;
+      const double lr = std::stod(o.lr, &used);
+      if (used != o.lr.size() || !(lr > 0) || !std::isfinite(lr)) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      throw Error("--lr must be a positive number, got '" + o.lr + "'");
+    }
   if (!(o.cfg.glm.prior_scale > 0) || !std::isfinite(o.cfg.glm.prior_scale))
     throw Error("--prior-scale must be positive and finite");
   if (!(o.cfg.glm.noise_sd > 0) || !std::isfinite(o.cfg.glm.noise_sd))
@@ -121,6 +163,7 @@ void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions
   w.attr("estimator", o.estimator);
   w.attr("elbo_rows", std::min(o.elbo_rows, n));
   w.attr("likelihood", o.model);
+  w.attr("lr", std::stod(o.lr));  // the one chosen, with --lr auto
   w.attr("prior_scale", o.cfg.glm.prior_scale);
 }
 
@@ -186,6 +229,11 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   run.schedule.elbo_rows = o.elbo_rows;
   run.schedule.optimizer.method =
       o.optimizer == "adam" ? engine::Method::kAdam : engine::Method::kRobbinsMonro;
+  if (o.lr == "auto") {
+    const double lr = adapt_lr(ctx, o, run, {x.x.data(), std::size_t(x.x.size())}, y);
+    print_progress(ctx, "--lr auto: chose " + std::to_string(lr));
+    o.lr = std::to_string(lr);
+  }
   run.schedule.optimizer.adam.lr = std::stod(o.lr);
   engine::DrawResult res = engine::fit_draws(model, run);
   double k_hat = std::nan("");
@@ -341,7 +389,12 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   f->add_option("--optimizer", o->optimizer, "adam | rm (Robbins-Monro)")
       ->check(CLI::IsMember({"adam", "rm"}))
       ->capture_default_str();
-  f->add_option("--lr", o->lr, "Step size (auto: not implemented yet)")->capture_default_str();
+  f->add_option("--lr", o->lr,
+                "Step size, or auto: the best ELBO after --adapt-iter steps of 0.1, 0.03, 0.01, "
+                "0.003, 0.001")
+      ->capture_default_str();
+  f->add_option("--adapt-iter", o->adapt_iter, "Steps of each --lr auto trial")
+      ->capture_default_str();
   engine::add_stop_options(f, o->stop);
   f->get_option("--max-iter")->description("At most this many optimiser steps");
   f->get_option("--tol")->description(
