@@ -233,6 +233,19 @@ def main():
     subprocess.run(mpirun(1) + [caviar, "-q", "hmm", "fit", "--data", p("hmm_cat.h5"), "--states", "2",
                                 "--symbols", "4", "--max-iter", "2", "--out", p("hmm_cm.h5")],
                    check=True, capture_output=True)
+    # An HMM SVI checkpoint as caviar wrote it before SVI checkpoints could be taken inside a pass:
+    # no "layout" in its fingerprint and no rows/pass_terms.
+    subprocess.run(mpirun(1) + [caviar, "-q", "hmm", "fit", "--data", p("hmm_cat.h5"), "--states", "2",
+                                "--symbols", "4", "--algorithm", "svi", "--batch-size", "1",
+                                "--max-iter", "2", "--checkpoint", p("hmm_svi_ck_old.h5"),
+                                "--checkpoint-every", "1", "--out", p("hmm_svi_m.h5")],
+                   check=True, capture_output=True)
+    with h5py.File(p("hmm_svi_ck_old.h5"), "r+") as f:
+        fp = json.loads(f.attrs["fingerprint"])
+        del fp["layout"]
+        f.attrs["fingerprint"] = json.dumps(fp)
+        if "rows/pass_terms" in f:
+            del f["rows/pass_terms"]
     hmm = lambda data, *rest: [caviar, "hmm", "fit", "--data", data, "--states", "2"] + list(rest)
     bx = rng.normal(size=(600, 3))
     by = (rng.random(600) < 0.5).astype(float)
@@ -354,6 +367,7 @@ def main():
         ("hmm: --posteriors is --out", 2, hmm(p("hmm_cat.h5"), "--posteriors", out, "--out", out), "--posteriors and --out name the same file"),
         ("hmm score: a Gaussian model on symbols", 2, [caviar, "hmm", "score", "--model", p("hmm_gm.h5"), "--data", p("hmm_cat.h5")], "is a gaussian-emission model but"),
         ("hmm decode: a categorical model on 2-D data", 2, [caviar, "hmm", "decode", "--model", p("hmm_cm.h5"), "--data", p("hmm_gauss.h5"), "--out", out], "is a categorical-emission model but"),
+        ("hmm svi resume: a checkpoint of an older caviar", 2, [caviar, "hmm", "fit", "--data", p("hmm_cat.h5"), "--states", "2", "--symbols", "4", "--algorithm", "svi", "--batch-size", "1", "--max-iter", "3", "--resume", p("hmm_svi_ck_old.h5"), "--out", out], "its fingerprint lacks 'layout'"),
         ("hmm sample: --length 0", 2, [caviar, "hmm", "sample", "--model", p("hmm_cm.h5"), "--sequences", "3", "--length", "0", "--out", out], "--sequences and --length must be >= 1"),
         ("hmm sample: a plsa model", 2, [caviar, "hmm", "sample", "--model", p("plsa_m.h5"), "--sequences", "3", "--length", "4", "--out", out], "is not a caviar hmm model"),
         ("hmm score: a plsa model", 2, [caviar, "hmm", "score", "--model", p("plsa_m.h5"), "--data", p("hmm_cat.h5")], "is not a caviar hmm model"),

@@ -417,6 +417,9 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const Confi
   fp.add("prior_beta", cfg.prior_beta, "--prior-beta");
   fp.add("min_covar", cfg.min_covar, "--min-covar");
   if (cfg.algorithm == Algorithm::kSvi) {
+    // SVI checkpoints hold the position inside a pass (and its row terms) since they may be taken
+    // at any minibatch boundary; an older one, taken at pass ends only, is refused in one line.
+    fp.add("layout", std::string("midpass"), "the checkpoint layout");
     fp.add("batch_size", o.schedule.batch_size, "--batch-size");
     fp.add("tau0", o.schedule.tau0, "--tau0");
     fp.add("kappa", o.schedule.kappa, "--kappa");
