@@ -159,6 +159,16 @@ check(r.returncode == 0 and len(trials) == 5 and chosen == max(trials, key=trial
       and not h5_differences(p("auto_1.h5"), p("auto_2.h5")),
       f"--lr auto: 5 trials {trials}, chose {chosen} (the best), same bits at 1 and 2 ranks")
 
+# 1d. The k-hat note: printed exactly when k-hat > 0.7 (a 5-step fit, far from the posterior,
+# and a 300-step one).
+for steps in ("5", "300"):
+    r = fit(1, p("logit.h5"), p(f"khat_{steps}.h5"), "--max-iter", steps, "--batch-size", "300",
+            "--elbo-every", "5", "--diagnostic-samples", "500", "--tol", "0", "--family", "fullrank")
+    with h5py.File(p(f"khat_{steps}.h5"), "r") as f:
+        k = float(f.attrs["k_hat"])
+    noted = "Pareto k-hat" in r.stderr
+    check(noted == (k > 0.7), f"{steps} steps: k-hat {k:.2f}, note printed: {noted}")
+
 # 2. Conjugate exactness: linear regression, sigma known.
 N, D, SIGMA, S0 = 60, 2, 1.0, 1.0
 generate("linear", N, D, p("lin.h5"), "--noise-sd", str(SIGMA))

@@ -241,6 +241,16 @@ void run_fit(engine::Context& ctx, FitOptions o) {
     const auto d = engine::full_pass(comm, model, run, engine::DrawKind::kDiagnostic, 0);
     res.dropped += d.dropped;
     k_hat = pareto_k_hat(model.log_ratios(d.sums, d.kept));
+    // Its usual reading (Yao, Vehtari, Simpson & Gelman 2018, section 3.3): above 0.7 the
+    // importance ratios of p to q have too heavy a tail for q's moments to be trusted.
+    if (k_hat > 0.7) {
+      char line[200];
+      std::snprintf(line, sizeof line,
+                    "Pareto k-hat %.2f > 0.7: q is a poor fit to this posterior; its means and "
+                    "sds may be far off (try --family fullrank, more --max-iter, a smaller --lr)",
+                    k_hat);
+      engine::note(ctx, line);
+    }
   }
   engine::Provenance p{"bbvi",         o.estimator, o.data, ctx.command_line,
                        CAVIAR_VERSION, o.cfg.seed,  "elbo"};
