@@ -87,10 +87,10 @@ std::vector<std::vector<std::int64_t>> all_groups(RowRange rows) {
   return groups;
 }
 
-bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double tol) {
+ElboChanges elbo_changes(const std::vector<double>& elbo, std::int64_t window) {
   // Relative changes |(f_k - f_{k-1}) / f_k| of the last `window` evaluations.
   const auto n = static_cast<std::int64_t>(elbo.size());
-  if (n < 2) return false;
+  if (n < 2) return {};
   std::vector<double> rel;
   for (std::int64_t k = std::max<std::int64_t>(1, n - window); k < n; ++k)
     rel.push_back(std::abs((elbo[k] - elbo[k - 1]) / elbo[k]));
@@ -100,7 +100,17 @@ bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double
   std::sort(rel.begin(), rel.end());
   const std::size_t m = rel.size();
   const double median = m % 2 ? rel[m / 2] : 0.5 * (rel[m / 2 - 1] + rel[m / 2]);
-  return mean < tol || median < tol;
+  return {mean, median, true};
+}
+
+bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double tol) {
+  const ElboChanges c = elbo_changes(elbo, window);
+  return c.valid && (c.mean < tol || c.median < tol);
+}
+
+bool elbo_diverging(const std::vector<double>& elbo, std::int64_t window) {
+  const ElboChanges c = elbo_changes(elbo, window);
+  return c.valid && (c.mean > 0.5 || c.median > 0.5);
 }
 
 std::int64_t steps_done(const StateReader& r, std::int64_t max_iter) {

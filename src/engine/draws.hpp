@@ -64,6 +64,8 @@ struct DrawSchedule {
 
 struct DrawRun : Run {  // Run::rows: this rank's rows; Run::global_rows: N
   DrawSchedule schedule;
+  // Called once (on every rank) with the step at which the ELBO estimates look divergent.
+  std::function<void(std::int64_t)> diverging;
 };
 
 struct DrawResult : RunResult {
@@ -96,8 +98,17 @@ std::vector<std::vector<std::int64_t>> all_groups(RowRange rows);
 // A checkpoint's steps done (driver/steps_done), checked against --max-iter.
 std::int64_t steps_done(const StateReader& r, std::int64_t max_iter);
 
-// Stan's ADVI stopping rule on the relative changes of the ELBO estimates.
+// The mean and median of the relative changes |(f_k - f_{k-1}) / f_k| of the last `window` ELBO
+// estimates (valid once there are two).
+struct ElboChanges {
+  double mean = 0, median = 0;
+  bool valid = false;
+};
+ElboChanges elbo_changes(const std::vector<double>& elbo, std::int64_t window);
+// Stan's ADVI stopping rule: the mean or the median below tol.
 bool elbo_converged(const std::vector<double>& elbo, std::int64_t window, double tol);
+// Stan's ADVI divergence warning: the mean or the median above 0.5 (checked after 100 steps).
+bool elbo_diverging(const std::vector<double>& elbo, std::int64_t window);
 
 }  // namespace detail
 
@@ -168,6 +179,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
       std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
   const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
   const ElboRows er = elbo_rows(run, sc);
+  bool warned = false;
   for (std::int64_t t = t0; t < run.stop.max_iter; ++t) {
     boundary(t);
     const auto groups =
@@ -199,6 +211,10 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
       throw Error("the ELBO estimate is not finite at step " + std::to_string(t + 1) +
                   "; try a smaller --lr");
     detail::record(run.heldout, run.progress, clock, static_cast<int>(t + 1), f, res);
+    if (!warned && t + 1 > 100 && detail::elbo_diverging(res.trace.objective, window)) {
+      warned = true;
+      if (run.diverging) run.diverging(t + 1);
+    }
     if (detail::elbo_converged(res.trace.objective, window, run.stop.tol)) {
       res.converged = true;
       break;

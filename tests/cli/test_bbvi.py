@@ -169,6 +169,19 @@ for steps in ("5", "300"):
     noted = "Pareto k-hat" in r.stderr
     check(noted == (k > 0.7), f"{steps} steps: k-hat {k:.2f}, note printed: {noted}")
 
+# 1e. The divergence warning (Stan's rule: after 100 steps, the mean or median relative ELBO
+# change over the window above 0.5): the plain score estimator at --lr 1 on Poisson data drives the
+# ELBO down by many orders of magnitude and is warned about; the reparameterisation estimator is not.
+generate("poisson", 3000, 5, p("pois.h5"))
+for est, expect in (("score", True), ("reparam", False)):
+    r = fit(1, p("pois.h5"), p(f"pois_{est}.h5"), "--model", "poisson", "--estimator", est,
+            "--lr", "1", "--max-iter", "300", "--elbo-every", "20", "--tol", "0",
+            "--diagnostic-samples", "0")
+    with h5py.File(p(f"pois_{est}.h5"), "r") as f:
+        last = f["elbo_trace"][-1]
+    warned = "may be diverging" in r.stderr
+    check(warned == expect, f"poisson {est} at lr 1: final ELBO {last:.3g}, warned: {warned}")
+
 # 2. Conjugate exactness: linear regression, sigma known.
 N, D, SIGMA, S0 = 60, 2, 1.0, 1.0
 generate("linear", N, D, p("lin.h5"), "--noise-sd", str(SIGMA))

@@ -56,6 +56,7 @@ double adapt_lr(const engine::Context& ctx, const FitOptions& o, const engine::D
     run.schedule.elbo_every = o.adapt_iter;
     run.schedule.optimizer.adam.lr = lr;
     run.progress = {};
+    run.diverging = {};
     double elbo = -std::numeric_limits<double>::infinity();
     try {
       elbo = engine::fit_draws(trial, run).trace.objective.back();
@@ -222,6 +223,11 @@ void run_fit(engine::Context& ctx, FitOptions o) {
     std::snprintf(line, sizeof line, "step %6d  elbo % .10e  %8.3fs", r.iteration, r.objective,
                   r.seconds);
     print_progress(ctx, line);
+  };
+  run.diverging = [&](std::int64_t step) {
+    engine::note(ctx, "the ELBO may be diverging at step " + std::to_string(step) +
+                          " (its relative changes average above 0.5); inspect elbo_trace, or "
+                          "give a smaller --lr");
   };
   run.schedule.batch_size = o.batch_size;
   run.schedule.seed = o.cfg.seed;
