@@ -282,17 +282,18 @@ log "$report"
 
 # --- 4. LDA: periodic checkpoints on two hosts, resume at 1 rank --------------------------------
 # LDA promises the uninterrupted bytes on a resume at any rank count. Online VB over the 600
-# documents in minibatches of 100: 6 steps a pass, 36 in all; with a checkpoint every 10 steps the
-# last one is taken after step 30, and 1 rank on one host does the last 6 steps from it.
+# documents in minibatches of 100: 6 steps a pass, 6 passes; with a checkpoint every 4 passes
+# (--checkpoint-every counts SVI passes) the last one is taken after pass 4, and 1 rank on one
+# host does the last 2 passes from it.
 lda_svi=("$caviar" lda fit --data "$work/corpus.h5" --topics 5 --algorithm svi --batch-size 100
   --max-iter 6 --seed 4)
 run_logged lda_ck_2h on_two_hosts "${lda_svi[@]}" --out "$work/lda_ck_2h.h5" \
-  --checkpoint "$work/lda_ck.h5" --checkpoint-every 10
-step=$("$python" -c 'import h5py, sys; print(int(h5py.File(sys.argv[1], "r").attrs["t"]))' \
-  "$work/lda_ck.h5") || fail "cannot read the step of $work/lda_ck.h5"
-[[ $step == 30 ]] || fail "the last LDA checkpoint is after step $step, want 30"
+  --checkpoint "$work/lda_ck.h5" --checkpoint-every 4
+pass=$("$python" -c 'import h5py, sys; print(int(h5py.File(sys.argv[1], "r").attrs["iteration"]))' \
+  "$work/lda_ck.h5") || fail "cannot read the pass of $work/lda_ck.h5"
+[[ $pass == 4 ]] || fail "the last LDA checkpoint is after pass $pass, want 4"
 run_logged lda_ck_1r on_one_rank "${lda_svi[@]}" --out "$work/lda_ck_1r.h5" --resume "$work/lda_ck.h5"
-report=$(same_results "lda checkpointed on two hosts after step 30, resumed at 1 rank" \
+report=$(same_results "lda checkpointed on two hosts after pass 4, resumed at 1 rank" \
   "$work/lda_ck_2h.h5" "$work/lda_ck_1r.h5" "$work/lda_ck_2h.json" "$work/lda_ck_1r.json" 2>&1) ||
   fail "$report"
 log "$report"
