@@ -131,6 +131,9 @@ class Network {
 
  private:
   const Mat<T>& encoder_forward(const T* params, const Mat<T>& x);
+  // The encoder, the S samples z = mu + L eps of each row and the decoder on them (out_); returns
+  // x with each column repeated S times (x itself when S = 1), the likelihood's target.
+  const Mat<T>& sample_forward(const T* params, const Mat<T>& x, const Mat<T>& eps, int s);
   const Mat<T>& decoder_forward(const T* params, const Mat<T>& z);
 
   const Layout* layout_;
@@ -177,26 +180,27 @@ const Mat<T>& Network<T>::decoder_forward(const T* p, const Mat<T>& z) {
 }
 
 template <class T>
+const Mat<T>& Network<T>::sample_forward(const T* p, const Mat<T>& x, const Mat<T>& eps, int s) {
+  const int zdim = layout_->latent();
+  encoder_forward(p, x);
+  reparameterise<T>(head_.topRows(zdim), head_.middleRows(zdim, zdim), eps, s, z_);
+  if (layout_->lower()) add_lower(head_.data() + 2 * zdim, eps, s);
+  decoder_forward(p, z_);
+  if (s == 1) return x;
+  x_rep_.resize(x.rows(), x.cols() * s);
+  for (Eigen::Index i = 0; i < x.cols(); ++i)
+    for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
+  return x_rep_;
+}
+
+template <class T>
 double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
                        Eigen::VectorXd* elbo_rows) {
-  const int zdim = layout_->latent();
+  const int zdim = layout_->latent(), nl = layout_->lower();
   const Eigen::Index n = x.cols();
-  encoder_forward(p, x);
+  const Mat<T>* xr = &sample_forward(p, x, eps, s);
   const auto mu = head_.topRows(zdim);
   const auto lv = head_.middleRows(zdim, zdim);
-  reparameterise<T>(mu, lv, eps, s, z_);
-  const int nl = layout_->lower();
-  if (nl) add_lower(head_.data() + 2 * zdim, eps, s);
-  decoder_forward(p, z_);
-
-  // x repeated for each of the S samples (no copy when S = 1).
-  const Mat<T>* xr = &x;
-  if (s > 1) {
-    x_rep_.resize(x.rows(), n * s);
-    for (Eigen::Index i = 0; i < n; ++i)
-      for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
-    xr = &x_rep_;
-  }
   // The likelihood term is averaged over the S samples (Kingma & Welling 2014, eq. 10), hence the
   // 1/S scale.
   const T inv_s = T(1) / T(s);
@@ -267,20 +271,9 @@ void Network<T>::log_weights(const T* p, const Mat<T>& x, const Mat<T>& eps, int
                              Eigen::MatrixXd& logw) {
   const int zdim = layout_->latent();
   const Eigen::Index n = x.cols();
-  encoder_forward(p, x);
-  const auto mu = head_.topRows(zdim);
+  const Mat<T>* xr = &sample_forward(p, x, eps, s);
   const auto lv = head_.middleRows(zdim, zdim);
-  reparameterise<T>(mu, lv, eps, s, z_);
   // log q(z | x) below is the same for a full posterior: det L = prod sigma.
-  if (layout_->lower()) add_lower(head_.data() + 2 * zdim, eps, s);
-  decoder_forward(p, z_);
-  const Mat<T>* xr = &x;
-  if (s > 1) {
-    x_rep_.resize(x.rows(), n * s);
-    for (Eigen::Index i = 0; i < n; ++i)
-      for (int k = 0; k < s; ++k) x_rep_.col(i * s + k) = x.col(i);
-    xr = &x_rep_;
-  }
   if (layout_->arch.likelihood == Likelihood::kBernoulli)
     bernoulli_loglik<T>(out_, *xr, ll_, T(1), nullptr);
   else
