@@ -11,51 +11,12 @@
 
 #include "core/error.hpp"
 #include "models/vae/vae.hpp"
+#include "vae_fd.hpp"
 
 namespace caviar::vae {
 namespace {
 
-using MatD = Mat<double>;
-
-MatD random_mat(int r, int c, unsigned seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  MatD m(r, c);
-  for (int j = 0; j < c; ++j)
-    for (int i = 0; i < r; ++i) m(i, j) = u(gen);
-  return m;
-}
-
-// Central differences of f with respect to every entry of v; compared with the analytic g.
-void expect_gradient(std::vector<double>& v, const std::function<double()>& f,
-                     const std::vector<double>& g, double tol, const std::string& what) {
-  ASSERT_EQ(v.size(), g.size());
-  const double h = 1e-6;
-  double worst = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const double keep = v[i];
-    v[i] = keep + h;
-    const double fp = f();
-    v[i] = keep - h;
-    const double fm = f();
-    v[i] = keep;
-    const double fd = (fp - fm) / (2 * h);
-    const double err = std::abs(fd - g[i]) / std::max(1.0, std::abs(fd));
-    worst = std::max(worst, err);
-    EXPECT_LT(err, tol) << what << " entry " << i << ": analytic " << g[i] << ", numeric " << fd;
-  }
-  // Guard against a vacuous pass: the gradient must not be identically zero.
-  double norm = 0;
-  for (double x : g) norm += x * x;
-  EXPECT_GT(norm, 1e-8) << what;
-}
-
-std::vector<double> to_vec(const MatD& m) {
-  return {m.data(), m.data() + m.size()};
-}
-MatD from_vec(const std::vector<double>& v, int r, int c) {
-  return Eigen::Map<const MatD>(v.data(), r, c);
-}
+using namespace testing;
 
 TEST(VaeLayers, DenseBackwardMatchesFiniteDifferences) {
   const int in = 5, out = 4, n = 3;

@@ -9,47 +9,12 @@
 #include <vector>
 
 #include "models/vae/conv.hpp"
+#include "vae_fd.hpp"
 
 namespace caviar::vae {
 namespace {
 
-using MatD = Mat<double>;
-
-MatD random_mat(Eigen::Index r, Eigen::Index c, unsigned seed, double lo = -1, double hi = 1) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  MatD m(r, c);
-  for (Eigen::Index j = 0; j < c; ++j)
-    for (Eigen::Index i = 0; i < r; ++i) m(i, j) = u(gen);
-  return m;
-}
-std::vector<double> to_vec(const MatD& m) {
-  return {m.data(), m.data() + m.size()};
-}
-MatD from_vec(const std::vector<double>& v, Eigen::Index r, Eigen::Index c) {
-  return Eigen::Map<const MatD>(v.data(), r, c);
-}
-
-// Central differences of f with respect to every entry of v, against the analytic gradient g.
-void expect_gradient(std::vector<double>& v, const std::function<double()>& f,
-                     const std::vector<double>& g, double tol, const std::string& what) {
-  ASSERT_EQ(v.size(), g.size());
-  const double h = 1e-6;
-  double norm = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const double keep = v[i];
-    v[i] = keep + h;
-    const double fp = f();
-    v[i] = keep - h;
-    const double fm = f();
-    v[i] = keep;
-    const double fd = (fp - fm) / (2 * h);
-    EXPECT_LT(std::abs(fd - g[i]) / std::max(1.0, std::abs(fd)), tol)
-        << what << " entry " << i << ": analytic " << g[i] << ", numeric " << fd;
-    norm += g[i] * g[i];
-  }
-  EXPECT_GT(norm, 1e-8) << what << ": a zero gradient would pass vacuously";
-}
+using namespace testing;
 
 // Odd sizes, stride 2 and padding 1: the cases where an index slip shows.
 const ConvShape kShapes[] = {
