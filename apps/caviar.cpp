@@ -51,9 +51,13 @@ int main(int argc, char** argv) {
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (comm.is_root()) return cli.exit(e);
+    // --help and --version arrive as parse "errors" with exit code 0: CLI11 prints them.
+    if (e.get_exit_code() == 0) return comm.is_root() ? cli.exit(e) : 0;
+    // A bad command line is one error line, as every other error.
+    if (comm.is_root()) std::fprintf(stderr, "caviar: error: %s (see --help)\n", e.what());
     return e.get_exit_code();
   }
+  for (const std::string& line : ctx.deprecations) engine::note(ctx, line);
   // Commands that never poll the flag get the default dispositions back (a signal that came
   // meanwhile ends the process now).
   if (!ctx.stop_signals) StopSignals::end_early();

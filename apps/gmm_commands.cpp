@@ -124,15 +124,21 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
           ->capture_default_str();
   fit->add_option("--batch-size", o->batch_size, "SVI minibatch size B")->capture_default_str();
   fit->add_option("--schedule", *schedule,
-                  "SVI step size: robbins-monro (rho_t = (t + omega)^-delta) | adaptive "
+                  "SVI step size: robbins-monro (rho_t = (tau0 + t)^-kappa) | adaptive "
                   "(Ranganath et al. 2013)")
       ->check(CLI::IsMember({"robbins-monro", "rm", "adaptive"}))
       ->capture_default_str();
-  fit->add_option("--omega", o->omega, "Robbins-Monro delay omega >= 0")->capture_default_str();
-  fit->add_option("--delta", o->delta, "Robbins-Monro forgetting rate delta in [0, 1]")
+  auto* tau0 = fit->add_option("--tau0", o->tau0,
+                               "SVI robbins-monro: step size delay, rho_t = (tau0 + t)^-kappa at "
+                               "the t-th minibatch (t >= 1), as in lda fit and hmm fit")
+                   ->capture_default_str();
+  fit->add_option("--kappa", o->kappa, "SVI robbins-monro: step size decay, in [0, 1]")
       ->capture_default_str();
-  fit->add_option("--tau0", o->tau0, "Adaptive schedule: initial memory tau0")
+  fit->add_option("--adaptive-memory", o->adaptive_memory,
+                  "SVI adaptive: the initial memory tau_1 >= 1 of the moving averages")
       ->capture_default_str();
+  engine::add_renamed_option(fit, "--omega", "--tau0", o->tau0, ctx);
+  engine::add_renamed_option(fit, "--delta", "--kappa", o->kappa, ctx);
   fit->add_flag("--stream", o->stream,
                 "Read rows from the file per minibatch / chunk; never hold the whole dataset");
   fit->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk of a streamed full pass");
@@ -153,22 +159,13 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--labels", o->labels, "Per-row labels file to write (HDF5, /labels)");
   fit->add_flag("--save-responsibilities", o->save_responsibilities,
                 "Also write /responsibilities (N x K) to the labels file");
-  fit->add_option("--checkpoint", o->checkpoint,
-                  "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
-                  "SIGTERM/SIGUSR1");
-  fit->add_option("--checkpoint-every", o->checkpoint_every,
-                  "N (CAVI/EM iterations, SVI steps) or Ts (seconds, e.g. 30s) between "
-                  "checkpoints [default: only on a signal]");
-  fit->add_option("--resume", o->resume,
-                  "Continue from this checkpoint (same data and options; the result is bitwise "
-                  "that of an uninterrupted run on the same ranks and threads)");
-  fit->footer(
-      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
-      "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
-  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar] {
+  engine::add_checkpoint_options(fit, o->checkpoint, o->checkpoint_every, o->resume,
+                                 "CAVI/EM iterations, SVI minibatch steps");
+  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar, tau0] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    const bool reg_covar_given = reg_covar->count() > 0;
-    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar_given] {
+    const bool reg_covar_given = reg_covar->count() > 0, tau0_given = tau0->count() > 0;
+    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar_given,
+                  tau0_given] {
       // The variational fits regularise through the Wishart prior; an ignored --reg-covar would
       // leave a user believing their covariances were regularised.
       if (reg_covar_given && *algorithm != "em")
@@ -180,6 +177,12 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       o->algorithm = gmm::parse_algorithm(*algorithm);
       o->weights = gmm::parse_weight_prior(*weights);
       o->schedule = gmm::parse_schedule(*schedule);
+      // --tau0 was the adaptive schedule's memory before it became the Robbins-Monro delay of
+      // every model: refused there rather than silently ignored.
+      if (tau0_given && o->schedule == gmm::Schedule::kAdaptive)
+        throw Error(
+            "--tau0 is the robbins-monro step size delay; the adaptive schedule's initial "
+            "memory is --adaptive-memory");
       o->command = ctx.command_line;
       o->version = CAVIAR_VERSION;
       print_progress(ctx, "caviar gmm fit: " + o->data + ", K=" + std::to_string(o->components) +

@@ -26,12 +26,9 @@ void add_local_options(CLI::App* c, lda::LocalOptions& l) {
 void add_generate_lda_command(CLI::App* gen, Context& ctx);
 void add_prep_text_command(CLI::App* prep, Context& ctx);
 
-void add_lda_commands(CLI::App& cli, Context& ctx) {
-  auto* lda = cli.add_subcommand("lda", "Latent Dirichlet allocation (variational, CAVI or SVI)");
-  lda->require_subcommand(1);
-  engine::add_compare_command(lda, ctx, "lda");
+namespace {
 
-  // fit
+void add_fit_command(CLI::App* lda, Context& ctx) {
   auto o = std::make_shared<lda::FitOptions>();
   auto* fit = lda->add_subcommand("fit", "Fit topics to a CSR bag-of-words corpus");
   fit->add_option("--data", o->data, "Corpus FILE.h5[:/group] (indptr, indices, data, vocab)")
@@ -45,7 +42,9 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
   fit->add_option("--max-iter", o->max_iter,
                   "At most this many iterations (cavi) or passes over the corpus (svi) [default: "
                   "100 for cavi, 10 for svi]");
-  fit->add_option("--tol", o->tol, "CAVI: stop at this relative ELBO change (0: never)")
+  fit->add_option("--tol", o->tol,
+                  "Stop at this relative change of the ELBO between iterations (cavi) or of "
+                  "the pass estimate between passes (svi) (0: never)")
       ->capture_default_str();
   engine::add_renamed_option(fit, "--passes", "--max-iter", o->max_iter, ctx);
   fit->add_option("--batch-size", o->batch_size, "SVI: documents per global minibatch")
@@ -62,18 +61,8 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
                 "256-document blocks read from the file; CAVI: each iteration reads the rank's "
                 "documents in pieces of 4096 (the fit equals the in-memory one)");
   fit->add_option("--out", o->out, "Model file to write (HDF5)");
-  fit->add_option("--checkpoint", o->checkpoint,
-                  "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
-                  "SIGTERM/SIGUSR1");
-  fit->add_option("--checkpoint-every", o->checkpoint_every,
-                  "N (CAVI iterations, SVI passes) or Ts (seconds, e.g. 30s) between "
-                  "checkpoints [default: only on a signal]");
-  fit->add_option("--resume", o->resume,
-                  "Continue from this checkpoint (same corpus and options; the result is bitwise "
-                  "that of an uninterrupted run, at any rank and thread count)");
-  fit->footer(
-      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
-      "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
+  engine::add_checkpoint_options(fit, o->checkpoint, o->checkpoint_every, o->resume,
+                                 "CAVI iterations, SVI passes");
   fit->callback([&ctx, o] {
     ctx.stop_signals = true;
     ctx.action = [&ctx, o] {
@@ -111,8 +100,10 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // topics
+// lda topics: the most probable words of each topic.
+void add_topics_command(CLI::App* lda, Context& ctx) {
   auto model = std::make_shared<std::string>();
   auto top = std::make_shared<int>(10);
   auto* tp = lda->add_subcommand("topics", "Print the most probable words of each topic");
@@ -135,8 +126,10 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // score
+void add_score_command(CLI::App* lda, Context& ctx) {
+  auto model = std::make_shared<std::string>();
   auto data = std::make_shared<std::string>();
   auto local = std::make_shared<lda::LocalOptions>();
   auto* sc =
@@ -158,8 +151,10 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // export
+void add_export_command(CLI::App* lda, Context& ctx) {
+  auto model = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto* ex = lda->add_subcommand(
       "export", "Write /components (lambda), /topic_word, /vocab and alpha, eta attributes");
@@ -173,8 +168,9 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // import
+void add_import_command(CLI::App* lda, Context& ctx) {
   struct ImportArgs {
     std::string components, vocab, out;
     std::optional<double> alpha, eta;
@@ -198,7 +194,20 @@ void add_lda_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
+}  // namespace
+
+void add_lda_commands(CLI::App& cli, Context& ctx) {
+  auto* lda = cli.add_subcommand("lda", "Latent Dirichlet allocation (variational, CAVI or SVI)");
+  lda->require_subcommand(1);
+  engine::add_compare_command(lda, ctx, "lda");
+
+  add_fit_command(lda, ctx);
+  add_topics_command(lda, ctx);
+  add_score_command(lda, ctx);
+  add_export_command(lda, ctx);
+  add_import_command(lda, ctx);
   add_generate_lda_command(cli.get_subcommand("generate"), ctx);
   add_prep_text_command(cli.get_subcommand("prep"), ctx);
 }

@@ -39,14 +39,7 @@ double json_number(double v) {
   return std::isfinite(v) ? v : 0.0;
 }
 
-}  // namespace
-
-void add_vae_commands(CLI::App& cli, Context& ctx) {
-  auto* vae =
-      cli.add_subcommand("vae", "Variational autoencoder, data-parallel (Kingma & Welling 2014)");
-  vae->require_subcommand(1);
-
-  // train
+void add_train_command(CLI::App* vae, Context& ctx) {
   auto o = std::make_shared<vae::TrainOptions>();
   auto hidden = std::make_shared<std::string>("400");
   auto* train = vae->add_subcommand("train", "Train a VAE by minibatch Adam on the ELBO");
@@ -84,18 +77,9 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       ->check(CLI::IsMember({"exact", "fast"}))
       ->capture_default_str();
   train->add_option("--out", o->out, "Model file to write (HDF5)");
-  train->add_option("--checkpoint", o->checkpoint,
-                    "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
-                    "SIGTERM/SIGUSR1 (at the next step boundary)");
-  train->add_option("--checkpoint-every", o->checkpoint_every,
-                    "N (epochs) or Ts (seconds, e.g. 30s, at the next step boundary) between "
-                    "checkpoints [default with --checkpoint: 1, every epoch's end]");
-  train->add_option("--resume", o->resume,
-                    "Continue from this checkpoint (same data and options; the result is bitwise "
-                    "that of an uninterrupted run, at any rank and thread count)");
-  train->footer(
-      "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
-      "at a step boundary, after writing --checkpoint if given (resume with --resume).");
+  engine::add_checkpoint_options(train, o->checkpoint, o->checkpoint_every, o->resume,
+                                 "epochs; a time is taken at the next step boundary",
+                                 "with --checkpoint, 1: every epoch's end");
   train->callback([&ctx, o, hidden] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
     ctx.action = [&ctx, o, hidden] {
@@ -133,8 +117,10 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // sample | reconstruct | manifold share the image options.
+// vae sample | reconstruct | manifold share the image options.
+void add_image_commands(CLI::App* vae, Context& ctx) {
   auto img = std::make_shared<vae::ImageOptions>();
   auto n = std::make_shared<int>(64);
   auto data = std::make_shared<std::string>();
@@ -179,10 +165,9 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
   manifold->callback([&ctx, img, grid, report] {
     ctx.action = [&ctx, img, grid, report] { report(vae::manifold(*ctx.comm, *img, *grid)); };
   });
+}
 
-  // encode
-  auto model = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
+void add_score_command(CLI::App* vae, Context& ctx) {
   auto so = std::make_shared<vae::ScoreOptions>();
   auto* sc = vae->add_subcommand(
       "score",
@@ -214,7 +199,12 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
+void add_encode_command(CLI::App* vae, Context& ctx) {
+  auto model = std::make_shared<std::string>();
+  auto data = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
   auto* enc = vae->add_subcommand("encode", "Write each row's posterior mean and log-variance");
   enc->add_option("--model", *model, "Model file written by vae train")->required();
   enc->add_option("--data", *data, "Data FILE.h5[:/path]")->required();
@@ -228,6 +218,19 @@ void add_vae_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
+
+}  // namespace
+
+void add_vae_commands(CLI::App& cli, Context& ctx) {
+  auto* vae =
+      cli.add_subcommand("vae", "Variational autoencoder, data-parallel (Kingma & Welling 2014)");
+  vae->require_subcommand(1);
+
+  add_train_command(vae, ctx);
+  add_image_commands(vae, ctx);
+  add_score_command(vae, ctx);
+  add_encode_command(vae, ctx);
 }
 
 }  // namespace caviar::app

@@ -57,7 +57,7 @@ def main():
         ce, cs = f["trace/elbo"][...], f["trace/seconds"][...]
     thr = 1e-3 * abs(e_star)
     rows = [("cavi", cavi["seconds"], cs[np.argmax(np.abs(ce - e_star) <= thr)], e_star)]
-    for name, extra in (("svi-rm", ["--schedule", "robbins-monro", "--delta", "0.9", "--omega", "1"]),
+    for name, extra in (("svi-rm", ["--schedule", "robbins-monro", "--kappa", "0.9", "--tau0", "1"]),
                         ("svi-adaptive", ["--schedule", "adaptive", "--tau0", "500"])):
         out = p(name + ".h5")
         js = run(base + ["--algorithm", "svi", "--batch-size", str(a.batch), "--tol", "1e-6",

@@ -171,7 +171,7 @@ def fit(caviar, wd, data, train, test, n, method, k, b, seed, trace, cavi_max, s
         cmd += ["--algorithm", "svi", "--batch-size", str(b), "--tol", str(svi_tol),
                 "--max-iter", str(svi_epochs)]
         if method == "svi-rm":
-            cmd += ["--schedule", "robbins-monro", "--delta", "0.9", "--omega", "1"]
+            cmd += ["--schedule", "robbins-monro", "--kappa", "0.9", "--tau0", "1"]
         else:
             cmd += ["--schedule", "adaptive", "--tau0", "%g" % tau0]
         if checks is None:

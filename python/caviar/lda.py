@@ -94,8 +94,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     - Online: caviar draws each pass's minibatches at random (from random_state); scikit-learn
       takes them in order.
     - evaluate_every > 0 (perplexity-based stopping, perp_tol) raises NotImplementedError; use
-      tol, caviar's relative ELBO tolerance for batch fits (default 0: run max_iter
-      iterations, which is what scikit-learn does with evaluate_every <= 0).
+      tol, caviar's relative tolerance on the ELBO of an iteration (batch) or of a pass
+      (online) (default 0: run max_iter of them, which is what scikit-learn does with
+      evaluate_every <= 0).
     - n_jobs (not None) raises NotImplementedError: use n_ranks and n_threads.
     - There is no partial_fit (fit with learning_method='online' runs caviar's SVI over the
       whole corpus). total_samples is therefore not used (only scikit-learn's partial_fit
@@ -198,9 +199,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                     "--doc-tol", repr(float(self.mean_change_tol)),
                     "--doc-max-iter", self.max_doc_update_iter,
                     "--seed", _seed(self.random_state), "--out", model]
-            args += ["--max-iter", self.max_iter]
-            if not online:
-                args += ["--tol", repr(float(self.tol))]
+            args += ["--max-iter", self.max_iter, "--tol", repr(float(self.tol))]
             if self.doc_topic_prior is not None:
                 args += ["--alpha", repr(float(self.doc_topic_prior))]
             if self.topic_word_prior is not None:

@@ -31,18 +31,25 @@ void add_stop_options(CLI::App* c, StopRule& s) {
 }
 
 void add_checkpoint_options(CLI::App* c, CheckpointFiles& f) {
-  c->add_option("--checkpoint", f.checkpoint,
+  add_checkpoint_options(c, f.checkpoint, f.every, f.resume);
+}
+
+void add_checkpoint_options(CLI::App* c, std::string& checkpoint, std::string& every,
+                            std::string& resume, const std::string& unit,
+                            const std::string& default_every) {
+  c->add_option("--checkpoint", checkpoint,
                 "Checkpoint file (HDF5), written atomically every --checkpoint-every and on "
                 "SIGTERM/SIGUSR1");
-  c->add_option("--checkpoint-every", f.every,
-                "N (iterations) or Ts (seconds, e.g. 30s) between checkpoints [default: only on "
-                "a signal]");
-  c->add_option("--resume", f.resume,
+  c->add_option("--checkpoint-every", every,
+                "N (" + unit + ") or Ts (seconds, e.g. 30s) between checkpoints [default: " +
+                    default_every + "]");
+  c->add_option("--resume", resume,
                 "Continue from this checkpoint (same data and options; the result is bitwise "
                 "that of an uninterrupted run, at any rank and thread count)");
   c->footer(
       "Exit codes: 0 done; 1 error (one 'caviar: error:' line); 75 stopped by SIGTERM or SIGUSR1 "
-      "at an iteration boundary, after writing --checkpoint if given (resume with --resume).");
+      "at an iteration, pass or minibatch boundary, after writing --checkpoint if given (resume "
+      "with --resume).");
 }
 
 nlohmann::ordered_json summary(const Context& ctx, const RunResult& r) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "comm/comm.hpp"
 #include "engine/run.hpp"
@@ -20,6 +21,9 @@ struct Context {
   // Set by subcommands that poll SIGTERM/SIGUSR1 at iteration boundaries (checkpoints): main
   // then keeps the flag-only handlers it installed before MPI_Init (core/signals.hpp).
   bool stop_signals = false;
+  // Notes about deprecated option names, printed once the command line has parsed (so that a
+  // parse error stays the only line): filled while parsing.
+  mutable std::vector<std::string> deprecations;
 };
 
 // Rank 0 prints the final summary as one JSON line on stdout.
@@ -34,7 +38,7 @@ void add_stop_options(CLI::App* c, StopRule& s);
 
 // An option under a name being retired in favour of `replacement` (an option of c): it still
 // sets `target`, is listed under "Deprecated" in --help, cannot be given with its replacement,
-// and using it prints one note on stderr (rank 0).
+// and using it prints one note on stderr (rank 0) after the command line has parsed.
 template <class T>
 CLI::Option* add_renamed_option(CLI::App* c, const std::string& old_name,
                                 const std::string& replacement, T& target, const Context& ctx) {
@@ -43,11 +47,17 @@ CLI::Option* add_renamed_option(CLI::App* c, const std::string& old_name,
       ->group("Deprecated")
       ->excludes(replacement)
       ->each([x, old_name, replacement](const std::string&) {
-        note(*x, old_name + " is deprecated and will be removed; use " + replacement);
+        x->deprecations.push_back(old_name + " is deprecated and will be removed; use " +
+                                  replacement);
       });
 }
 // --checkpoint, --checkpoint-every, --resume, and the exit-code footer.
 void add_checkpoint_options(CLI::App* c, CheckpointFiles& f);
+// The same over separate fields; `unit` is what --checkpoint-every N counts, `default_every` when
+// checkpoints are written without it.
+void add_checkpoint_options(CLI::App* c, std::string& checkpoint, std::string& every,
+                            std::string& resume, const std::string& unit = "iterations",
+                            const std::string& default_every = "only on a signal");
 // The summary fields every fit reports: objective, iterations, converged, seconds, the timing
 // split, ranks and threads.
 nlohmann::ordered_json summary(const Context& ctx, const RunResult& r);

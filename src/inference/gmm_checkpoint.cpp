@@ -52,9 +52,12 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::D
   if (o.algorithm == Algorithm::kSvi) {
     fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
     fp.add("schedule", to_string(o.schedule), "--schedule");
-    fp.add("omega", o.omega, "--omega");
-    fp.add("delta", o.delta, "--delta");
+    // Named as in lda fit and hmm fit since the Robbins-Monro delay and decay became --tau0 and
+    // --kappa (they were --omega and --delta, and --tau0 was the adaptive memory): checkpoints
+    // written before lack these keys and are refused.
     fp.add("tau0", o.tau0, "--tau0");
+    fp.add("kappa", o.kappa, "--kappa");
+    fp.add("adaptive_memory", o.adaptive_memory, "--adaptive-memory");
     fp.add("full_elbo_every", static_cast<std::int64_t>(o.full_elbo_every), "--full-elbo-every");
     // What a mid-epoch checkpoint's epoch_sum means. Checkpoints written before the epoch average
     // was taken over rows (a plain mean of the steps) lack this key and are refused, as their

@@ -504,9 +504,9 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
     w.attr("steps", r.steps);
     w.attr("batch_size", o.batch_size);
     w.attr("schedule", to_string(o.schedule));
-    w.attr("omega", o.omega);
-    w.attr("delta", o.delta);
     w.attr("tau0", o.tau0);
+    w.attr("kappa", o.kappa);
+    w.attr("adaptive_memory", o.adaptive_memory);
     w.attr("stream", static_cast<std::int64_t>(o.stream));
   }
   if (r.heldout) w.attr("heldout_score", *r.heldout);
@@ -642,7 +642,7 @@ double heldout_score(const Comm& comm, const Model& model, const std::string& da
 class StepSize {
  public:
   StepSize(const FitOptions& o, const Model& model)
-      : o_(o), model_(model), tau_(o.tau0), gbar_(model.make_stats()) {}
+      : o_(o), model_(model), tau_(o.adaptive_memory), gbar_(model.make_stats()) {}
 
   // Adaptive: initialise g_bar and h_bar from Monte Carlo estimates of the noisy natural gradient
   // at the initial lambda (Ranganath et al. 2013; Bruno 2022, section 2.2.2).
@@ -660,7 +660,7 @@ class StepSize {
   // rho_t for step t = 1, 2, ... given the noisy natural gradient g_t = lambda_hat - lambda.
   double next(std::int64_t t, const Stats& g) {
     if (o_.schedule == Schedule::kRobbinsMonro)
-      return std::pow(static_cast<double>(t) + o_.omega, -o_.delta);  // Bruno 2022, eq. 2.51
+      return std::pow(static_cast<double>(t) + o_.tau0, -o_.kappa);  // Bruno 2022, eq. 2.51
     // Bruno 2022, eq. 2.56: moving averages with window tau_t; eq. 2.57:
     // rho = g_bar^T g_bar / h_bar; eq. 2.58: tau_{t+1} = tau_t (1 - rho) + 1.
     const double w = 1.0 / tau_;
@@ -872,10 +872,11 @@ class Minibatches {
 };
 
 // Adaptive step size: initialises g_bar and h_bar from Monte Carlo estimates of the noisy natural
-// gradient, min(tau0, one epoch) minibatches of a separate draw (Ranganath et al. 2013; Bruno
-// 2022, section 2.2.2).
+// gradient, min(adaptive memory tau_1, one epoch) minibatches of a separate draw (Ranganath et al.
+// 2013; Bruno 2022, section 2.2.2).
 void init_adaptive(const FitOptions& o, Minibatches& mb, const Stats& s_eff, StepSize& schedule) {
-  const auto n_mc = std::min<std::int64_t>(static_cast<std::int64_t>(o.tau0), mb.steps_per_epoch());
+  const auto n_mc =
+      std::min<std::int64_t>(static_cast<std::int64_t>(o.adaptive_memory), mb.steps_per_epoch());
   const EpochPermutation perm(static_cast<std::uint64_t>(mb.rows()), o.seed, 0xFFFFFFFFu);
   std::vector<Stats> gs;
   for (std::int64_t i = 0; i < n_mc; ++i) {
@@ -1035,9 +1036,11 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
         "(--seed), or use --n-init 1");
   if (o.algorithm == Algorithm::kSvi) {
     if (o.batch_size < 1) throw Error("--batch-size must be >= 1");
-    if (!(o.delta >= 0 && o.delta <= 1)) throw Error("--delta must be in [0, 1]");
-    if (!(o.omega >= 0)) throw Error("--omega must be >= 0");
-    if (!(o.tau0 >= 1)) throw Error("--tau0 must be >= 1");
+    if (!(o.kappa >= 0 && o.kappa <= 1)) throw Error("--kappa must be in [0, 1]");
+    if (!(o.tau0 >= 0) || !std::isfinite(o.tau0))
+      throw Error("--tau0 must be a finite number >= 0");
+    if (!(o.adaptive_memory >= 1) || !std::isfinite(o.adaptive_memory))
+      throw Error("--adaptive-memory must be a finite number >= 1");
     if (o.max_iter < 1) throw Error("--max-iter (epochs) must be >= 1 for svi");
   }
   if (o.stream && !o.labels.empty())

@@ -40,12 +40,13 @@ struct FitOptions {
   int n_init = 1;
   // EM: added to the diagonal of every covariance (scikit-learn's reg_covar, same default).
   double reg_covar = 1e-6;
-  // SVI (Hoffman et al. 2013): minibatch size, step-size schedule rho_t = (t + omega)^-delta
-  // (Robbins & Monro 1951; Bruno 2022, eq. 2.51) or the adaptive rate with memory tau0
-  // (Ranganath et al. 2013; Bruno 2022, eqs 2.54-2.58).
+  // SVI (Hoffman et al. 2013): minibatch size, step-size schedule rho_t = (tau0 + t)^-kappa
+  // (Robbins & Monro 1951; Bruno 2022, eq. 2.51; the same names as lda fit and hmm fit) or the
+  // adaptive rate with initial memory tau_1 = adaptive_memory (Ranganath et al. 2013; Bruno 2022,
+  // eqs 2.54-2.58).
   std::int64_t batch_size = 512;
   Schedule schedule = Schedule::kRobbinsMonro;
-  double omega = 1.0, delta = 0.9, tau0 = 500;
+  double tau0 = 1.0, kappa = 0.9, adaptive_memory = 500;
   bool stream = false;  // read rows from the file per step/chunk; never the whole dataset
   // Sum statistics in double in thread and rank order instead of exactly (see Stats): faster,
   // but the last bits of every result then depend on the rank and thread counts.

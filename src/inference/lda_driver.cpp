@@ -348,8 +348,8 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
              info.tokens, o.seed, o.local);
   engine::StochasticRun run;
   run.comm = &comm;
-  // SVI runs its --max-iter passes: --tol is CAVI's (lda fit --help).
-  run.stop = {o.iterations(), 0.0};
+  // --tol compares the passes' objective estimates, as for every stochastic fit.
+  run.stop = {o.iterations(), o.tol};
   run.checkpoint = &ck;
   run.rows = rows;
   run.global_rows = info.n_docs;
@@ -365,9 +365,6 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
   // --stream: any rank reads any document, so each minibatch is split evenly over the ranks.
   run.schedule = {o.batch_size, o.tau0, o.kappa, o.seed, 0, o.stream};
   res.run = engine::fit_stochastic(fit, run);
-  // LDA's SVI files have always said converged = 1 after their passes; kept, so that the outputs
-  // (and their golden hashes) are unchanged.
-  res.run.converged = true;
   std::int64_t counts[4] = {fit.sweeps(), fit.tokens_visited(), fit.reduced_words(),
                             fit.reductions()};
   comm.allreduce_sum(std::span<std::int64_t>(counts, 4));

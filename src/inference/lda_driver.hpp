@@ -24,7 +24,8 @@ struct FitOptions {
   // CAVI iterations or SVI passes over the corpus; unset: 100 iterations or 10 passes.
   std::optional<int> max_iter;
   int iterations() const { return max_iter.value_or(algorithm == "svi" ? 10 : 100); }
-  double tol = 1e-5;                // CAVI: stop when the relative ELBO change is below this
+  double tol =
+      1e-5;  // stop when the relative change of the objective (per iteration or pass) is below this
   int batch_size = 256;             // SVI documents per (global) minibatch
   double tau0 = 10.0, kappa = 0.7;  // SVI step size rho_t = (tau0 + t)^-kappa
   LocalOptions local;

@@ -70,7 +70,7 @@ def main():
     common = ["-k", str(k), "--seed", "5", "--tol", "0"]
     configs = {
         "cavi": common + ["--algorithm", "cavi"],
-        "svi": common + ["--algorithm", "svi", "--schedule", "adaptive", "--tau0", "20",
+        "svi": common + ["--algorithm", "svi", "--schedule", "adaptive", "--adaptive-memory", "20",
                          "--batch-size", "200"],
         "em": common + ["--algorithm", "em"],
         "vae": ["--likelihood", "gaussian", "--hidden", "32", "--latent", "2", "--batch-size", "50",

@@ -148,7 +148,7 @@ TEST_P(SviInvariance, SameResultAsOneRank) {
   o.schedule = c.schedule;
   o.weights = c.weights;
   o.covariance = c.cov;
-  o.tau0 = 5;
+  o.adaptive_memory = 5;
   const gmm::FitResult rw = gmm::fit(world(), o, nullptr);
   EXPECT_EQ(rw.steps, 4 * 9);
   EXPECT_EQ(rw.trace.size(), 36u);
@@ -188,14 +188,14 @@ INSTANTIATE_TEST_SUITE_P(
                               gmm::WeightPrior::kStickBreaking, gmm::Covariance::kFull}),
     [](const auto& param) { return std::string(param.param.name); });
 
-// With rho = 1 (delta = 0) and B = N, one SVI step is one CAVI step: lambda_1 = prior + S(all).
+// With rho = 1 (kappa = 0) and B = N, one SVI step is one CAVI step: lambda_1 = prior + S(all).
 TEST(Svi, FullBatchUnitStepIsOneCaviStep) {
   for (const auto weights : {gmm::WeightPrior::kDirichlet, gmm::WeightPrior::kStickBreaking}) {
     const std::string data = svi_data("svi_rho1.h5");
     gmm::FitOptions s = svi_options(data, tmp("svi_rho1_svi.h5"));
     s.weights = weights;
     s.batch_size = 2600;
-    s.delta = 0;
+    s.kappa = 0;
     s.max_iter = 1;
     const gmm::FitResult rs = gmm::fit(world(), s, nullptr);
     ASSERT_EQ(rs.steps, 1);
@@ -228,7 +228,7 @@ TEST(Svi, FullBatchUnitStepIsOneCaviStep) {
 TEST(Svi, EpochAverageIsTheFullElboWhenLambdaIsFrozen) {
   gmm::FitOptions o = svi_options(svi_data("svi_frozen.h5"), "");
   o.batch_size = 1200;
-  o.omega = 1e15;  // Robbins-Monro rho_t = (t + 1e15)^-0.9 ~ 3e-14
+  o.tau0 = 1e15;  // Robbins-Monro rho_t = (1e15 + t)^-0.9 ~ 3e-14
   o.max_iter = 2;
   const gmm::FitResult r = gmm::fit(world(), o, nullptr);
   ASSERT_EQ(r.steps, 2 * 3);
@@ -246,7 +246,7 @@ TEST(Svi, StreamMatchesInMemory) {
   for (const auto schedule : {gmm::Schedule::kRobbinsMonro, gmm::Schedule::kAdaptive}) {
     gmm::FitOptions m = svi_options(data, tmp("svi_mem.h5"));
     m.schedule = schedule;
-    m.tau0 = 4;
+    m.adaptive_memory = 4;
     m.heldout = data;
     const gmm::FitResult rm = gmm::fit(world(), m, nullptr);
     gmm::FitOptions s = m;
