@@ -1,5 +1,6 @@
 #include "engine/model_file.hpp"
 
+#include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "engine/state_io.hpp"
 #include "io/h5.hpp"
@@ -37,6 +38,11 @@ void write_rows_file(const Comm& comm, const std::string& out, const RowState& s
   io::ParallelRowWriter w(comm, out);
   w.write_rows(s.name, s.global_rows, s.rows, s.data, {static_cast<std::uint64_t>(s.width)});
   w.commit();
+}
+
+void require_model_kind(const io::FileReader& r, const std::string& file, const std::string& kind) {
+  if (!r.has_attr("model") || r.read_string_attr("model") != kind)
+    throw Error("'" + file + "' is not a caviar " + kind + " model");
 }
 
 }  // namespace caviar::engine

@@ -12,8 +12,9 @@
 #include "engine/state.hpp"
 
 namespace caviar::io {
+class FileReader;
 class FileWriter;
-}
+}  // namespace caviar::io
 
 namespace caviar::engine {
 
@@ -34,6 +35,10 @@ void write_model_file(const Comm& comm, const std::string& out,
                       const std::function<void(StateWriter&)>& save, const RunResult& res,
                       const Provenance& p,
                       const std::function<void(io::FileWriter&)>& extra = nullptr);
+
+// Refuses a file that is not a model file of `kind` (its "model" attribute), in one line:
+// "'FILE' is not a caviar KIND model".
+void require_model_kind(const io::FileReader& r, const std::string& file, const std::string& kind);
 
 // Collective: every rank writes its rows of s to the dataset s.name of `out` (atomic).
 void write_rows_file(const Comm& comm, const std::string& out, const RowState& s);

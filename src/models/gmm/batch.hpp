@@ -35,15 +35,18 @@ inline void reduce(Stats& s, std::int64_t n_rows, const engine::Reducer& r) {
                  {[&](double v) { return r.max(v); }, [&](std::span<Int128> v) { r.sum(v); }});
 }
 
+// The mixture's statistics, and the number of rows they are summed over (every rank's): the
+// engine's reducible statistics of every GMM fit or sampler.
+struct SummedStats {
+  gmm::Stats s;
+  std::int64_t n_rows = 0;
+  void set_zero() { s.set_zero(); }
+  void reduce(const engine::Reducer& r) { gmm::reduce(s, n_rows, r); }
+};
+
 class BatchFit {
  public:
-  // The mixture's statistics, and the number of rows they are summed over (every rank's).
-  struct Stats {
-    gmm::Stats s;
-    std::int64_t n_rows = 0;
-    void set_zero() { s.set_zero(); }
-    void reduce(const engine::Reducer& r) { gmm::reduce(s, n_rows, r); }
-  };
+  using Stats = SummedStats;
   // each(f) calls f(x) on each piece of the rank's rows in order, the same number of times on
   // every rank (a streamed read is collective); pieces start at global 256-row block boundaries.
   using EachPiece = std::function<void(const std::function<void(const RowMatrix&)>&)>;

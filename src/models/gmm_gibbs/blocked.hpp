@@ -33,12 +33,7 @@ double log_prior_density(const gmm::Prior& prior, gmm::Covariance cov, const Par
 
 class BlockedSampler {
  public:
-  struct Stats {
-    gmm::Stats s;
-    std::int64_t n_rows = 0;
-    void set_zero() { s.set_zero(); }
-    void reduce(const engine::Reducer& r) { gmm::reduce(s, n_rows, r); }
-  };
+  using Stats = gmm::SummedStats;
   using Part = engine::DrawPart;
 
   // model: the variational mixture whose prior and shift the sampler uses (its update() gives

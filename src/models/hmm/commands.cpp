@@ -519,12 +519,7 @@ std::optional<Model> load_model(const Comm& comm, const std::string& model_file,
   std::optional<Model> model;
   comm.agree([&] {
     const io::FileReader r(model_file);
-    std::string kind;
-    try {
-      kind = r.read_string_attr("model");
-    } catch (const Error&) {
-    }
-    if (kind != "hmm") throw Error("'" + model_file + "' is not a caviar hmm model");
+    engine::require_model_kind(r, model_file, "hmm");
     const std::string em = r.read_string_attr("emission");
     if (em != "categorical" && em != "gaussian")
       throw Error("'" + model_file + "': unknown emission '" + em + "'");

@@ -141,12 +141,7 @@ void score(const engine::Context& ctx, const std::string& model_file, const std:
   std::optional<Model> model;
   comm.agree([&] {
     const io::FileReader r(model_file);
-    std::string kind;
-    try {
-      kind = r.read_string_attr("model");
-    } catch (const Error&) {
-    }
-    if (kind != "plsa") throw Error("'" + model_file + "' is not a caviar plsa model");
+    engine::require_model_kind(r, model_file, "plsa");
     const double k = r.read_double_attr("n_topics"), v = r.read_double_attr("n_words");
     if (!(k >= 1 && k <= 1e6 && v >= 1 && v <= 1e12 && k == std::floor(k) && v == std::floor(v)))
       throw Error("'" + model_file + "': its n_topics or n_words is not a valid size");
