@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/model_file.hpp"
+#include "engine/reduce.hpp"
 #include "engine/sampler.hpp"
 #include "inference/gmm_checkpoint.hpp"
 #include "inference/gmm_driver.hpp"
@@ -13,6 +14,7 @@
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "models/gmm_gibbs/blocked.hpp"
+#include "models/gmm_gibbs/collapsed.hpp"
 
 namespace caviar::gmm {
 
@@ -45,15 +47,20 @@ ckpt::Fingerprint chain_fingerprint(const Comm& comm, const ChainOptions& c, con
   fp.add("burn_in", static_cast<std::int64_t>(c.burn_in), "--burn-in");
   fp.add("thin", static_cast<std::int64_t>(c.thin), "--thin");
   fp.add("heldout", std::string(o.heldout.empty() ? "no" : "yes"), "--heldout");
+  if (c.sampler == "collapsed") fp.add("block_rows", c.block_rows.value_or(256), "--block-rows");
   return fp;
 }
 
 void check_chain_options(const ChainOptions& c) {
-  if (c.sampler == "collapsed")
-    throw Error("--sampler collapsed is not implemented yet (use --sampler blocked)");
-  if (c.sampler != "blocked")
+  if (c.sampler != "blocked" && c.sampler != "collapsed")
     throw Error("unknown sampler '" + c.sampler + "' (expected blocked or collapsed)");
   const FitOptions& o = c.fit;
+  if (c.sampler == "blocked" && c.block_rows)
+    throw Error("--block-rows is an option of --sampler collapsed");
+  if (c.block_rows && *c.block_rows < 1)
+    throw Error("--block-rows must be >= 1 (got " + std::to_string(*c.block_rows) + ")");
+  if (c.sampler == "collapsed" && o.covariance != Covariance::kFull)
+    throw Error("--sampler collapsed needs --covariance full");
   if (o.components < 1)
     throw Error("--components must be >= 1 (got " + std::to_string(o.components) + ")");
   if (c.sweeps < 1) throw Error("--sweeps must be >= 1 (got " + std::to_string(c.sweeps) + ")");
@@ -62,7 +69,7 @@ void check_chain_options(const ChainOptions& c) {
     throw Error("--burn-in must be in [0, --sweeps) (got " + std::to_string(c.burn_in) +
                 " with --sweeps " + std::to_string(c.sweeps) + ")");
   if (o.weights != WeightPrior::kDirichlet)
-    throw Error("the blocked sampler needs Dirichlet weights");
+    throw Error("the Gibbs samplers need Dirichlet weights");
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
   if (!o.checkpoint.empty() && (o.checkpoint == o.labels || o.checkpoint == o.out))
     throw Error("--checkpoint names the same file as --out or --labels");
@@ -71,8 +78,10 @@ void check_chain_options(const ChainOptions& c) {
 }
 
 // Collective: the average log predictive density of the held-out rows under the sampler's
-// current parameters, summed exactly (the same bits at any rank count).
-double chain_heldout(const Comm& comm, const gmm_gibbs::BlockedSampler& s, const Shard& ho) {
+// current parameters (blocked) or statistics (collapsed), summed exactly (the same bits at any rank
+// count).
+template <class Sampler>
+double chain_heldout(const Comm& comm, const Sampler& s, const Shard& ho) {
   std::vector<double> t(static_cast<std::size_t>(ho.x.rows()));
   comm.agree([&] { s.log_density(ho.x, t); });
   const double v = engine::exact_sum(comm, t) / static_cast<double>(ho.shape.rows);
@@ -81,6 +90,71 @@ double chain_heldout(const Comm& comm, const gmm_gibbs::BlockedSampler& s, const
 }
 
 }  // namespace
+
+// Collective: a collapsed chain's blocks of --block-rows rows must each lie on one rank. Ranks
+// hold whole 256-row blocks (core/partition.hpp), so a divisor of 256 always fits.
+void check_block_rows(const Comm& comm, std::int64_t n, std::int64_t block_rows) {
+  for (int r = 1; r < comm.size(); ++r) {
+    const RowRange range = partition_rows(n, comm.size(), r);
+    if (range.size() > 0 && range.begin % block_rows != 0)
+      throw Error("--block-rows " + std::to_string(block_rows) + " would split a block between " +
+                  "ranks at " + std::to_string(comm.size()) +
+                  " ranks (ranks hold whole 256-row blocks); use a divisor of 256 or fewer ranks");
+  }
+}
+
+// Runs the chain of `sampler` (which holds its start, unless resuming) and writes its outputs.
+template <class Sampler>
+ChainResult run_chain(const Comm& comm, const ChainOptions& c, Sampler& sampler,
+                      engine::SamplerRun run, const std::optional<Shard>& ho,
+                      const std::string& init, const RowRange& range) {
+  const FitOptions& o = c.fit;
+  const std::vector<engine::DrawPart> layout = sampler.layout();
+  if (ho) run.heldout = [&] { return chain_heldout(comm, sampler, *ho); };
+  for (const engine::DrawPart& p : layout) {
+    std::size_t m = 1;
+    for (auto v : p.dims) m *= v;
+    run.draw_width += m;
+  }
+  const engine::Chain chain = engine::run_sampler(sampler, run);
+
+  if (!o.out.empty()) {
+    engine::Provenance pv{"gmm",  "gibbs-" + c.sampler, o.data,   o.command, o.version,
+                          o.seed, "log_joint",          "heldout"};
+    engine::write_model_file(
+        comm, o.out,
+        [&](engine::StateWriter& w) {
+          engine::save_chain_outputs(w, chain, layout, run.count_width);
+          w.attr("covariance_type", to_string(o.covariance));
+          w.attr("sampler", c.sampler);
+          w.attr("init", init);
+          w.attr("sweeps", static_cast<std::int64_t>(chain.run.iterations));
+          w.attr("burn_in", static_cast<std::int64_t>(c.burn_in));
+          w.attr("thin", static_cast<std::int64_t>(c.thin));
+          w.attr("n_draws", chain.n_draws);
+          if (c.sampler == "collapsed") {
+            w.attr("block_rows", c.block_rows.value_or(256));
+            w.attr("log_joint", std::string("collapsed log p(X, z)"));
+          }
+        },
+        chain.run, pv);
+  }
+  if (!o.labels.empty()) {
+    const auto& held = sampler.labels();  // a reference, or a vector kept alive by it
+    const std::vector<std::int64_t> labels(held.begin(), held.end());
+    io::ParallelRowWriter w(comm, o.labels);
+    w.write_rows("labels", run.global_rows, range, labels.data(), {});
+    w.commit();
+  }
+  ChainResult r;
+  r.sweeps = chain.run.iterations;
+  r.draws = chain.n_draws;
+  if (!chain.run.trace.objective.empty()) r.log_joint = chain.run.trace.objective.back();
+  if (!chain.run.trace.heldout.empty()) r.heldout = chain.run.trace.heldout.back();
+  r.seconds = chain.run.seconds;
+  r.n = run.global_rows;
+  return r;
+}
 
 ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
                          const engine::Progress& progress) {
@@ -125,7 +199,7 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
     throw Error("--resume " + o.resume + " holds all " + std::to_string(c.sweeps) +
                 " sweeps but not the labels of the last one; give a larger --sweeps, or leave "
                 "out --labels");
-  gmm_gibbs::BlockedSampler sampler(model, src.rows(), src.range().begin, n,
+  gmm_gibbs::BlockedSampler blocked(model, src.rows(), src.range().begin, n,
                                     model.exact_exponents(static_cast<double>(n), mom.max_abs),
                                     o.seed);
   // The start, theta_0: the parameters' conditional (sweep 0's draw) given the initial labels or
@@ -134,53 +208,33 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
     FitOptions exact = o;
     exact.fast_reduce = false;
     const Stats start = initial_stats(comm, exact, init, src, model, mom);
-    comm.agree([&] { sampler.draw(0, start); });
+    comm.agree([&] { blocked.draw(0, start); });
   }
-  const std::vector<engine::DrawPart> layout = sampler.layout();
   engine::SamplerRun run;
   run.comm = &comm;
   run.rule = {c.sweeps, c.burn_in, c.thin};
   run.checkpoint = &ck;
   run.progress = progress;
-  if (ho) run.heldout = [&] { return chain_heldout(comm, sampler, *ho); };
   run.count_width = static_cast<std::size_t>(o.components);
-  for (const engine::DrawPart& p : layout) {
-    std::size_t m = 1;
-    for (auto v : p.dims) m *= v;
-    run.draw_width += m;
-  }
-  const engine::Chain chain = engine::run_sampler(sampler, run);
+  run.rows = src.range();
+  run.global_rows = n;
+  if (c.sampler == "blocked") return run_chain(comm, c, blocked, run, ho, init, src.range());
 
-  if (!o.out.empty()) {
-    engine::Provenance pv{"gmm",     "gibbs-blocked", o.data,      o.command,
-                          o.version, o.seed,          "log_joint", "heldout"};
-    engine::write_model_file(
-        comm, o.out,
-        [&](engine::StateWriter& w) {
-          engine::save_chain_outputs(w, chain, layout, run.count_width);
-          w.attr("covariance_type", to_string(o.covariance));
-          w.attr("sampler", c.sampler);
-          w.attr("init", init);
-          w.attr("sweeps", static_cast<std::int64_t>(chain.run.iterations));
-          w.attr("burn_in", static_cast<std::int64_t>(c.burn_in));
-          w.attr("thin", static_cast<std::int64_t>(c.thin));
-          w.attr("n_draws", chain.n_draws);
-        },
-        chain.run, pv);
+  // Collapsed: its start z_0 is the blocked sampler's labels given theta_0 (sweep 0's draw).
+  const std::int64_t block_rows = c.block_rows.value_or(256);
+  check_block_rows(comm, n, block_rows);
+  gmm_gibbs::CollapsedSampler collapsed(model, src.rows(), src.range().begin, n,
+                                        model.exact_exponents(static_cast<double>(n), mom.max_abs),
+                                        o.seed, block_rows);
+  if (!ck.resuming()) {
+    auto st = blocked.make_stats();
+    st.set_zero();
+    std::vector<double> terms(static_cast<std::size_t>(src.rows().rows()));
+    comm.agree([&] { blocked.local_step(0, st, terms); });
+    engine::reduce(st, engine::Reducer(comm));
+    comm.agree([&] { collapsed.start(blocked.labels(), st.s); });
   }
-  if (!o.labels.empty()) {
-    io::ParallelRowWriter w(comm, o.labels);
-    w.write_rows("labels", n, src.range(), sampler.labels().data(), {});
-    w.commit();
-  }
-  ChainResult r;
-  r.sweeps = chain.run.iterations;
-  r.draws = chain.n_draws;
-  if (!chain.run.trace.objective.empty()) r.log_joint = chain.run.trace.objective.back();
-  if (!chain.run.trace.heldout.empty()) r.heldout = chain.run.trace.heldout.back();
-  r.seconds = chain.run.seconds;
-  r.n = n;
-  return r;
+  return run_chain(comm, c, collapsed, run, ho, init, src.range());
 }
 
 }  // namespace caviar::gmm
