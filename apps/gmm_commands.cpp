@@ -291,11 +291,16 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   sample
       ->add_option("--sampler", chain->sampler,
                    "--data: blocked (labels | parameters, then parameters | labels; exact at "
-                   "any rank count) | collapsed (not implemented yet)")
+                   "any rank count) | collapsed (parameters integrated out; labels swept in "
+                   "fixed blocks of --block-rows rows, the same bits at any rank count)")
       ->capture_default_str();
   sample->add_option("--covariance", *chain_cov, "--data: full | diag")
       ->check(CLI::IsMember({"full", "diag"}))
       ->capture_default_str();
+  sample->add_option("--block-rows", chain->block_rows,
+                     "--sampler collapsed: rows per block swept against the statistics at the "
+                     "start of the sweep plus the block's own moves (default 256; >= N is the "
+                     "exact sequential sampler)");
   sample->add_option("--sweeps", chain->sweeps, "--data: sweeps of the chain")
       ->capture_default_str();
   sample->add_option("--burn-in", chain->burn_in, "--data: sweeps before the first recorded draw")

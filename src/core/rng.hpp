@@ -33,6 +33,8 @@ enum class Stream : std::uint32_t {
   kGibbsLabels = 22,   // Gibbs samplers of the mixture: label draws, keyed by (row, sweep)
   kBbviBatch = 23,     // black-box VI minibatch positions, keyed by (step, position)
   kBbviElbo = 24,      // black-box VI draws of the ELBO estimate and of the k-hat diagnostic
+  kGibbsOrder = 25,    // collapsed Gibbs: each block's order of rows, keyed by (row, sweep)
+  kGibbsCollapsedLabels = 26,  // collapsed Gibbs: label draws, keyed by (row, sweep)
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

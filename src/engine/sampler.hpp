@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "engine/batch.hpp"
+#include "engine/checkpoint.hpp"
 
 namespace caviar::engine {
 
@@ -65,7 +66,25 @@ struct SamplerRun {
   std::function<double()> heldout;  // collective held-out metric of the current parameters
   std::size_t count_width = 0;      // model.counts()'s length
   std::size_t draw_width = 0;       // model.draw_state()'s length
+  RowRange rows;                    // this rank's rows (for a model's per-row state)
+  std::int64_t global_rows = 0;
 };
+
+// A model whose chain state includes per-row variables (e.g. a collapsed sampler's labels)
+// exposes them as local_states(); the driver checkpoints and restores them.
+template <class M>
+concept HasRowState = requires(M& m) {
+  { m.local_states() } -> std::same_as<std::vector<LocalState>>;
+};
+// A model whose log joint is a function of the statistics it takes in draw() (a collapsed
+// sampler) sets kLogJointAfterDraw; the driver then evaluates global_log_density() after draw().
+template <class M>
+constexpr bool log_joint_after_draw() {
+  if constexpr (requires { M::kLogJointAfterDraw; })
+    return M::kLogJointAfterDraw;
+  else
+    return false;
+}
 
 struct Chain {
   RunResult run;               // trace.objective: the log joint per sweep; iterations: sweeps done
@@ -131,6 +150,13 @@ Chain run_sampler(M& model, const SamplerRun& run) {
   ck.restore_model([&](const StateReader& r) { model.load(r); });
   ck.restore_driver(
       [&](const StateReader& r) { detail::load_chain(r, chain, run, ck.iteration()); });
+  const auto rows = [&] {
+    std::vector<RowState> out;
+    if constexpr (HasRowState<M>)
+      for (LocalState& l : model.local_states()) out.push_back({l, run.global_rows, run.rows});
+    return out;
+  };
+  for (const RowState& s : rows()) ck.restore_rows(s);
   chain.run.trace = ck.trace();
   FitClock clock(ck.elapsed());
   chain.run.iterations = ck.iteration();
@@ -141,7 +167,7 @@ Chain run_sampler(M& model, const SamplerRun& run) {
     // Sweep boundary: may checkpoint, or stop on a signal (every rank at once).
     ck.boundary(
         Position{done, false, "before sweep " + std::to_string(done + 1)}, chain.run.trace,
-        clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {}, {},
+        clock.elapsed(), [&](StateWriter& w) { model.save(w); }, rows(), {},
         [&](StateWriter& w) { detail::save_chain(w, chain, run, done); });
     const int sweep = done + 1;
     stats.set_zero();
@@ -151,12 +177,19 @@ Chain run_sampler(M& model, const SamplerRun& run) {
     const detail::Stopwatch reduce;
     engine::reduce(stats, Reducer(comm));
     reduce_seconds += reduce.seconds();
-    const double log_joint = exact_sum(comm, terms) + model.global_log_density();
-    if (!std::isfinite(log_joint))
-      throw Error("the log joint density is not finite at sweep " + std::to_string(sweep));
+    const double terms_sum = exact_sum(comm, terms);
+    const auto log_joint_now = [&] {
+      const double v = terms_sum + model.global_log_density();
+      if (!std::isfinite(v))
+        throw Error("the log joint density is not finite at sweep " + std::to_string(sweep));
+      return v;
+    };
+    double log_joint = 0;
+    if constexpr (!log_joint_after_draw<M>()) log_joint = log_joint_now();
     const std::vector<double> c = model.counts(std::as_const(stats));
     chain.counts.insert(chain.counts.end(), c.begin(), c.end());
     model.draw(static_cast<std::uint64_t>(sweep), std::as_const(stats));
+    if constexpr (log_joint_after_draw<M>()) log_joint = log_joint_now();
     if (run.rule.records(sweep)) {
       const std::vector<double> d = model.draw_state();
       chain.draws.insert(chain.draws.end(), d.begin(), d.end());

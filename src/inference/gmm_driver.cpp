@@ -14,6 +14,7 @@
 #include "engine/model_file.hpp"
 #include "engine/sampler.hpp"
 #include "inference/gmm_checkpoint.hpp"
+#include "inference/gmm_driver_internal.hpp"
 #include "inference/shard.hpp"
 #include "io/h5.hpp"
 #include "io/h5_stream.hpp"
@@ -26,6 +27,7 @@ namespace caviar::gmm {
 
 using Eigen::MatrixXd;
 using Eigen::VectorXd;
+using namespace driver;
 
 Algorithm parse_algorithm(const std::string& s) {
   if (s == "cavi") return Algorithm::kCavi;
@@ -54,79 +56,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct Moments {
-  VectorXd mean;
-  MatrixXd cov;      // unbiased (N - 1), as numpy.cov and scikit-learn's covariance_prior default
-  VectorXd max_abs;  // max_n |x_nj - mean_j|: the bounds of the exact statistic sums
-};
-
-// Where a fit's rows come from: this rank's rows held in memory (a Shard), or read from the
-// file on demand (--stream) through one open RowStream, so that only a chunk or a minibatch is
-// ever in memory.
-class Source {
- public:
-  Source(const Comm& comm, const io::DataRef& ref, bool stream, std::int64_t chunk_rows)
-      : comm_(comm), ref_(ref) {
-    if (!stream) {
-      shard_ = load_shard(comm, ref);
-      shape_ = shard_.shape;
-      range_ = shard_.range;
-      return;
-    }
-    shape_ = io::inspect_matrix(comm, ref);
-    if (shape_.rows < comm.size())
-      throw Error(ref.str() + " has " + std::to_string(shape_.rows) + " rows, fewer than the " +
-                  std::to_string(comm.size()) + " MPI ranks");
-    range_ = partition_rows(shape_.rows, comm.size(), comm.rank());
-    stream_ = std::make_unique<io::RowStream>(comm, ref, shape_);
-    // Whole 256-row blocks of about 8 MB, so chunk boundaries never split a block.
-    if (chunk_rows <= 0) chunk_rows = (8 << 20) / (8 * std::max<std::int64_t>(1, shape_.cols));
-    chunk_rows_ = std::max<std::int64_t>(1, chunk_rows / kBlockRows) * kBlockRows;
-  }
-
-  bool streaming() const { return stream_ != nullptr; }
-  const io::MatrixShape& shape() const { return shape_; }
-  RowRange range() const { return range_; }
-  const io::DataRef& ref() const { return ref_; }
-  const RowMatrix& rows() const { return shard_.x; }  // in memory only
-  const Shard& shard() const { return shard_; }
-
-  // Calls f(x, first_global_row) over this rank's rows, chunk by chunk. f runs the same number of
-  // times on every rank (with 0 rows where a rank has run out), so it may make collective calls.
-  template <class F>
-  void for_each_chunk(F&& f) const {
-    if (!stream_) {
-      f(shard_.x, range_.begin);
-      return;
-    }
-    const std::int64_t mine = (range_.size() + chunk_rows_ - 1) / chunk_rows_;
-    const std::int64_t chunks = comm_.allreduce_max(mine);
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t b = std::min(range_.end, range_.begin + c * chunk_rows_);
-      const RowRange r{b, std::min(range_.end, b + chunk_rows_)};
-      f(stream_->read_range(r), r.begin);
-    }
-  }
-
-  // Collective: this rank's rows among the sorted global `rows` it owns.
-  RowMatrix gather(const std::vector<std::int64_t>& rows) const {
-    if (stream_) return stream_->read_rows(rows);
-    RowMatrix x(static_cast<Eigen::Index>(rows.size()), shape_.cols);
-    for (std::size_t i = 0; i < rows.size(); ++i)
-      x.row(static_cast<Eigen::Index>(i)) = shard_.x.row(rows[i] - range_.begin);
-    return x;
-  }
-
- private:
-  const Comm& comm_;
-  io::DataRef ref_;
-  Shard shard_;
-  io::MatrixShape shape_;
-  RowRange range_;
-  std::unique_ptr<io::RowStream> stream_;
-  std::int64_t chunk_rows_ = 0;
-};
-
 // Sums per-block vectors exactly over this rank's chunks and then over ranks (BlockExactSum):
 // block(x, r0, r1, out) adds rows [r0, r1) of a chunk (a run of whole global blocks) to out.
 template <class Block>
@@ -140,6 +69,10 @@ std::vector<double> exact_block_sum(const Comm& comm, const Source& src, std::ve
   });
   return sum.finish(comm);
 }
+
+}  // namespace
+
+namespace driver {
 
 // Global mean (and, if asked, covariance) of the data, summed exactly so that the shift c and the
 // prior do not depend on the rank count, and the bounds max |x - mean| of the exact statistics.
@@ -186,6 +119,10 @@ Moments data_moments(const Comm& comm, const Source& src, bool with_cov) {
   return m;
 }
 
+}  // namespace driver
+
+namespace {
+
 // A fresh statistics buffer: exact (the default; see Stats) on the grid of the data's bounds, or
 // plain doubles with --fast-reduce.
 Stats new_stats(const FitOptions& o, const Model& model, const Moments& mom, std::int64_t n) {
@@ -209,6 +146,10 @@ void each_chunk_agreed(const Comm& comm, const Source& src, F&& f) {
   });
   comm.raise_if_any(err);
 }
+
+}  // namespace
+
+namespace driver {
 
 Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   Prior p = default_prior(o.covariance, d, o.components);
@@ -241,6 +182,10 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   }
   return p;
 }
+
+}  // namespace driver
+
+namespace {
 
 // Accumulates the statistics of responsibilities made slice by slice (resp(r0, n) for local rows
 // [r0, r0 + n) of x), so that no N x K matrix is ever held. Slices are whole 256-row blocks.
@@ -310,6 +255,10 @@ Model params_model(const Comm& comm, const std::string& file, int k, int d) {
   });
   return std::move(*model);
 }
+
+}  // namespace
+
+namespace driver {
 
 // The statistics of the initial responsibilities, summed over ranks: k-means++ (rows in
 // memory), random (keyed by global row), or read from FILE.h5:/resp chunk by chunk.
@@ -392,6 +341,10 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
     throw Error("--init " + init + ": every row of the initial responsibilities is zero");
   return stats;
 }
+
+}  // namespace driver
+
+namespace {
 
 // One full pass: the E-step over every row, statistics summed over ranks (and, in memory, the
 // responsibilities of this rank's rows if resp_out is given).
@@ -690,13 +643,17 @@ class StepSize {
   double hbar_ = 0;
 };
 
+}  // namespace
+
+namespace driver {
+
 std::string resolve_init(const FitOptions& o) {
   if (!o.init_params.empty()) return "params:" + o.init_params;  // recorded, and fingerprinted
   if (!o.init.empty()) return o.init;
   return o.stream ? "random" : "kmeans++";
 }
 
-}  // namespace
+}  // namespace driver
 
 namespace {
 
@@ -1154,171 +1111,6 @@ void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std
   w.attr("model", model_file);
   w.attr("seed", static_cast<std::int64_t>(seed));
   w.commit();
-}
-
-namespace {
-
-// What a resumed chain must share with the one that wrote the checkpoint: everything that
-// changes a draw or what is recorded (--sweeps may grow, to extend a chain).
-ckpt::Fingerprint chain_fingerprint(const Comm& comm, const ChainOptions& c, const io::DataRef& ref,
-                                    const io::MatrixShape& shape, const Model& model,
-                                    const std::string& init) {
-  const FitOptions& o = c.fit;
-  ckpt::Fingerprint fp("gmm-gibbs");
-  const Prior& pr = model.prior();
-  fp.add("sampler", c.sampler, "--sampler");
-  fp.add("covariance", to_string(o.covariance), "--covariance");
-  fp.add("components", static_cast<std::int64_t>(o.components), "--components");
-  fp.add("dim", static_cast<std::int64_t>(shape.cols), "data dimension D =");
-  ckpt::add_data(fp, comm, "--data", ref, shape);
-  fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
-  fp.add("init", init, "--init");
-  if (init == "kmeans++")
-    fp.add("kmeans_iter", static_cast<std::int64_t>(o.kmeans_iter), "--kmeans-iter");
-  fp.add("alpha0", pr.alpha0, "--alpha0");
-  fp.add("beta0", pr.beta0, "--beta0");
-  fp.add("nu0", pr.nu0, "--nu0");
-  fp.add("prior_mean", o.prior_mean, "--prior-mean");
-  fp.add("prior_scale", o.prior_scale, "--prior-scale");
-  fp.add("burn_in", static_cast<std::int64_t>(c.burn_in), "--burn-in");
-  fp.add("thin", static_cast<std::int64_t>(c.thin), "--thin");
-  fp.add("heldout", std::string(o.heldout.empty() ? "no" : "yes"), "--heldout");
-  return fp;
-}
-
-void check_chain_options(const ChainOptions& c) {
-  if (c.sampler == "collapsed")
-    throw Error("--sampler collapsed is not implemented yet (use --sampler blocked)");
-  if (c.sampler != "blocked")
-    throw Error("unknown sampler '" + c.sampler + "' (expected blocked or collapsed)");
-  const FitOptions& o = c.fit;
-  if (o.components < 1)
-    throw Error("--components must be >= 1 (got " + std::to_string(o.components) + ")");
-  if (c.sweeps < 1) throw Error("--sweeps must be >= 1 (got " + std::to_string(c.sweeps) + ")");
-  if (c.thin < 1) throw Error("--thin must be >= 1 (got " + std::to_string(c.thin) + ")");
-  if (c.burn_in < 0 || c.burn_in >= c.sweeps)
-    throw Error("--burn-in must be in [0, --sweeps) (got " + std::to_string(c.burn_in) +
-                " with --sweeps " + std::to_string(c.sweeps) + ")");
-  if (o.weights != WeightPrior::kDirichlet)
-    throw Error("the blocked sampler needs Dirichlet weights");
-  if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
-  if (!o.checkpoint.empty() && (o.checkpoint == o.labels || o.checkpoint == o.out))
-    throw Error("--checkpoint names the same file as --out or --labels");
-  if (!o.resume.empty() && (o.resume == o.out || o.resume == o.labels))
-    throw Error("--resume names the same file as --out or --labels");
-}
-
-// Collective: the average log predictive density of the held-out rows under the sampler's
-// current parameters, summed exactly (the same bits at any rank count).
-double chain_heldout(const Comm& comm, const gmm_gibbs::BlockedSampler& s, const Shard& ho) {
-  std::vector<double> t(static_cast<std::size_t>(ho.x.rows()));
-  comm.agree([&] { s.log_density(ho.x, t); });
-  const double v = engine::exact_sum(comm, t) / static_cast<double>(ho.shape.rows);
-  if (!std::isfinite(v)) throw Error("the held-out density is not finite");
-  return v;
-}
-
-}  // namespace
-
-ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
-                         const engine::Progress& progress) {
-  check_chain_options(c);
-  const FitOptions& o = c.fit;
-  const io::DataRef ref = io::DataRef::parse(o.data);
-  const std::string init = resolve_init(o);
-  std::vector<std::string> inputs{ref.file};
-  if (!o.init_params.empty())
-    inputs.push_back(o.init_params);
-  else if (init != "random" && init != "kmeans++" && init != "random-from-data")
-    inputs.push_back(io::DataRef::parse(init).file);
-  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
-  engine::Checkpointer ck(comm, {o.checkpoint, o.checkpoint_every, o.resume}, inputs, o.out);
-
-  const Source src(comm, ref, false, 0);
-  const std::int64_t n = src.shape().rows;
-  const int d = static_cast<int>(src.shape().cols);
-  if (o.components > n)
-    throw Error("--components " + std::to_string(o.components) + " exceeds the number of rows (" +
-                std::to_string(n) + ") in " + ref.str());
-  std::optional<Shard> ho;
-  if (!o.heldout.empty()) {
-    ho = load_shard(comm, io::DataRef::parse(o.heldout));
-    if (ho->shape.cols != d)
-      throw Error("--heldout " + ho->ref.str() + " has " + std::to_string(ho->shape.cols) +
-                  " features but --data has " + std::to_string(d));
-  }
-  const Moments mom = data_moments(comm, src, o.prior_scale == "data");
-  Model model(o.covariance, o.components, make_prior(o, d, mom), mom.mean);
-  ck.open(o.checkpoint.empty() && o.resume.empty()
-              ? ckpt::Fingerprint("gmm-gibbs")
-              : chain_fingerprint(comm, c, ref, src.shape(), model, init));
-  // A resumed chain continues to --sweeps. Its labels are the last sweep's local state, which a
-  // checkpoint does not hold, so a chain that is already finished cannot give them.
-  if (ck.iteration() > c.sweeps)
-    throw Error("--resume " + o.resume + " holds " + std::to_string(ck.iteration()) +
-                " sweeps, more than --sweeps " + std::to_string(c.sweeps));
-  if (ck.iteration() == c.sweeps && ck.resuming() && !o.labels.empty())
-    throw Error("--resume " + o.resume + " holds all " + std::to_string(c.sweeps) +
-                " sweeps but not the labels of the last one; give a larger --sweeps, or leave "
-                "out --labels");
-  gmm_gibbs::BlockedSampler sampler(model, src.rows(), src.range().begin, n,
-                                    model.exact_exponents(static_cast<double>(n), mom.max_abs),
-                                    o.seed);
-  // The start, theta_0: the parameters' conditional (sweep 0's draw) given the initial labels or
-  // responsibilities (a resumed chain loads its own).
-  if (!ck.resuming()) {
-    FitOptions exact = o;
-    exact.fast_reduce = false;
-    const Stats start = initial_stats(comm, exact, init, src, model, mom);
-    comm.agree([&] { sampler.draw(0, start); });
-  }
-  const std::vector<engine::DrawPart> layout = sampler.layout();
-  engine::SamplerRun run;
-  run.comm = &comm;
-  run.rule = {c.sweeps, c.burn_in, c.thin};
-  run.checkpoint = &ck;
-  run.progress = progress;
-  if (ho) run.heldout = [&] { return chain_heldout(comm, sampler, *ho); };
-  run.count_width = static_cast<std::size_t>(o.components);
-  for (const engine::DrawPart& p : layout) {
-    std::size_t m = 1;
-    for (auto v : p.dims) m *= v;
-    run.draw_width += m;
-  }
-  const engine::Chain chain = engine::run_sampler(sampler, run);
-
-  if (!o.out.empty()) {
-    engine::Provenance pv{"gmm",     "gibbs-blocked", o.data,      o.command,
-                          o.version, o.seed,          "log_joint", "heldout"};
-    engine::write_model_file(
-        comm, o.out,
-        [&](engine::StateWriter& w) {
-          engine::save_chain_outputs(w, chain, layout, run.count_width);
-          w.attr("covariance_type", to_string(o.covariance));
-          w.attr("sampler", c.sampler);
-          w.attr("init", init);
-          w.attr("sweeps", static_cast<std::int64_t>(chain.run.iterations));
-          w.attr("burn_in", static_cast<std::int64_t>(c.burn_in));
-          w.attr("thin", static_cast<std::int64_t>(c.thin));
-          w.attr("n_draws", chain.n_draws);
-        },
-        chain.run, pv);
-  }
-  if (!o.labels.empty()) {
-    io::ParallelRowWriter w(comm, o.labels);
-    w.write_rows("labels", n, src.range(), sampler.labels().data(), {});
-    w.commit();
-  }
-  ChainResult r;
-  r.sweeps = chain.run.iterations;
-  r.draws = chain.n_draws;
-  if (!chain.run.trace.objective.empty()) r.log_joint = chain.run.trace.objective.back();
-  if (!chain.run.trace.heldout.empty()) r.heldout = chain.run.trace.heldout.back();
-  r.seconds = chain.run.seconds;
-  r.n = n;
-  return r;
 }
 
 }  // namespace caviar::gmm

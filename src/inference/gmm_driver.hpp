@@ -123,13 +123,16 @@ void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std
             const std::string& out);
 
 // A Gibbs chain of the Bayesian mixture (gmm sample --data): the blocked sampler of
-// models/gmm_gibbs/blocked.hpp on the engine's sampler driver (engine/sampler.hpp). `fit` holds
-// the data, K, covariance, priors, seed, start (init / init_params), --heldout, --out (the chain
-// file), --labels and the checkpoint options, with the meanings they have for gmm fit.
+// models/gmm_gibbs/blocked.hpp or the collapsed one of models/gmm_gibbs/collapsed.hpp on the
+// engine's sampler driver (engine/sampler.hpp). `fit` holds the data, K, covariance, priors, seed,
+// start (init / init_params), --heldout, --out (the chain file), --labels and the checkpoint
+// options, with the meanings they have for gmm fit.
 struct ChainOptions {
   FitOptions fit;
-  std::string sampler = "blocked";  // blocked | collapsed (not implemented yet)
+  std::string sampler = "blocked";  // blocked | collapsed
   int sweeps = 200, burn_in = 0, thin = 1;
+  // Collapsed: rows per block (default 256; >= N is the exact sequential sampler).
+  std::optional<std::int64_t> block_rows;
 };
 
 struct ChainResult {

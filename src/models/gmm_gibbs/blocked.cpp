@@ -97,15 +97,7 @@ void BlockedSampler::local_step(std::uint64_t sweep, Stats& s, std::span<double>
     kernel.draw(x_.middleRows(r0, r1 - r0), first_row_ + r0, seed_, sweep,
                 std::span(labels_).subspan(b, n), terms.subspan(b, n));
   });
-  // One-hot responsibilities, a slice of whole blocks at a time (no N x K matrix is held).
-  const int k_n = model_.n_components();
-  constexpr Eigen::Index kSlice = 32 * kRows;
-  for (Eigen::Index r0 = 0; r0 < x_.rows(); r0 += kSlice) {
-    const Eigen::Index n = std::min(kSlice, x_.rows() - r0);
-    gmm::RowMatrix r = gmm::RowMatrix::Zero(n, k_n);
-    for (Eigen::Index i = 0; i < n; ++i) r(i, labels_[static_cast<std::size_t>(r0 + i)]) = 1.0;
-    model_.accumulate(x_.middleRows(r0, n), r, s.s);
-  }
+  accumulate_one_hot(model_, x_, labels_, s.s);
 }
 
 double BlockedSampler::global_log_density() const {

@@ -14,6 +14,7 @@
 // Every draw is keyed by (seed, sweep, component or global row), so the chain's state is the
 // current parameters alone: saving them (as doubles) and resuming gives the same bits. The
 // labels of the last sweep are kept for --labels. No MPI, no files.
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -30,6 +31,23 @@ namespace caviar::gmm_gibbs {
 // log p(pi) + sum_k log p(mu_k, Lambda_k) under the prior of the model (Bishop 2006, eqs. 10.39
 // and 10.40; the densities of B.16, B.37 and B.78): the parameters' part of the log joint.
 double log_prior_density(const gmm::Prior& prior, gmm::Covariance cov, const Params& p);
+
+// Adds the one-hot statistics of rows x with labels (integers, of any arithmetic type) to s, a
+// slice of whole 256-row blocks at a time (no N x K matrix is held): the statistics the samplers'
+// parameters are conditioned on.
+template <class Label>
+void accumulate_one_hot(const gmm::Model& model, const gmm::RowMatrix& x,
+                        const std::vector<Label>& labels, gmm::Stats& s) {
+  const int k_n = model.n_components();
+  constexpr Eigen::Index kSlice = 32 * 256;
+  for (Eigen::Index r0 = 0; r0 < x.rows(); r0 += kSlice) {
+    const Eigen::Index n = std::min(kSlice, x.rows() - r0);
+    gmm::RowMatrix r = gmm::RowMatrix::Zero(n, k_n);
+    for (Eigen::Index i = 0; i < n; ++i)
+      r(i, static_cast<Eigen::Index>(labels[static_cast<std::size_t>(r0 + i)])) = 1.0;
+    model.accumulate(x.middleRows(r0, n), r, s);
+  }
+}
 
 class BlockedSampler {
  public:
