@@ -8,6 +8,10 @@ The outputs of A and B are also compared (every dataset and attribute, timings a
 excepted): a change meant to keep the bits must show "same".
 
 usage: ab_compare.py A_BIN B_BIN WORKDIR [--reps 5] [--ranks 2] [--threads 1] [--only NAME]
+                     [--legacy-names]
+
+--legacy-names spells the lengths of LDA's SVI and of the VAE as --passes and --epochs, the names
+of binaries from before --max-iter was every fit's length (today's binaries still accept them).
 """
 import argparse
 import os
@@ -23,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from clitest import fresh_workdir, h5_differences, mpirun  # noqa: E402
 
 
-def workloads(path, make):
+def workloads(path, make, legacy=False):
     """name -> argv (without binary and --out). Sizes give runs of a few seconds at 2 ranks."""
     gen = path("gmm.h5")
     make(["generate", "gmm", "--n", "200000", "--dim", "16", "--components", "20", "--seed", "1",
@@ -48,9 +52,10 @@ def workloads(path, make):
         "lda-cavi": ["lda", "fit", "--data", corpus, "-k", "20", "--algorithm", "cavi",
                      "--max-iter", "5", "--tol", "0"],
         "lda-svi": ["lda", "fit", "--data", corpus, "-k", "20", "--algorithm", "svi",
-                    "--max-iter", "2"],
+                    "--passes" if legacy else "--max-iter", "2"],
         "vae": ["vae", "train", "--data", path("bin.h5") + ":/X", "--hidden", "200",
-                "--latent", "10", "--max-iter", "2", "--batch-size", "100"],
+                "--latent", "10", "--epochs" if legacy else "--max-iter", "2", "--batch-size",
+                "100"],
     }
 
 
@@ -63,6 +68,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only")
+    ap.add_argument("--legacy-names", action="store_true")
     args = ap.parse_args()
     path = fresh_workdir(args.workdir)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OMPI_ALLOW_RUN_AS_ROOT="1",
@@ -74,7 +80,7 @@ def main():
     print(f"A = {args.a}\nB = {args.b}\n{args.ranks} ranks x {args.threads} threads, "
           f"{args.reps} runs each, interleaved")
     print(f"{'workload':18s} {'A median s':>11s} {'B median s':>11s} {'B/A':>6s}  outputs")
-    for name, argv in workloads(path, make).items():
+    for name, argv in workloads(path, make, args.legacy_names).items():
         if args.only and args.only not in name:
             continue
         times = {"a": [], "b": []}

@@ -1,6 +1,8 @@
 #include "engine/checkpoint.hpp"
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "engine/state_io.hpp"
@@ -81,12 +83,21 @@ void Checkpointer::restore_rows(const RowState& s) const {
                 " (corrupt checkpoint?)");
   const io::RowMatrix m = io::read_rows(comm_, ref, shape, s.rows);
   // Each rank checks its own rows; the lowest failing rank names its first bad one.
+  const auto category = [&](double v) {
+    return v >= 0 && v < static_cast<double>(s.categories) && v == std::floor(v);
+  };
   std::string err;
-  for (Eigen::Index i = 0; i < m.rows() && err.empty(); ++i)
-    if (!m.row(i).allFinite() || (s.positive && !(m.row(i).array() > 0).all()))
+  for (Eigen::Index i = 0; i < m.rows() && err.empty(); ++i) {
+    const auto row = m.row(i).array();
+    if (!row.allFinite() || (s.positive && !(row > 0).all()) ||
+        (s.categories > 0 && !std::all_of(row.begin(), row.end(), category)))
       err = "--resume " + files_.resume + ": the " + s.name + " of " + s.row_noun + " " +
             std::to_string(s.rows.begin + i) + " are not all " +
-            (s.positive ? "positive and finite" : "finite") + " (corrupt checkpoint?)";
+            (s.categories > 0 ? "whole numbers in [0, " + std::to_string(s.categories) + ")"
+             : s.positive     ? std::string("positive and finite")
+                              : std::string("finite")) +
+            " (corrupt checkpoint?)";
+  }
   comm_.raise_if_any(err);
   std::copy(m.data(), m.data() + m.size(), s.data);
 }

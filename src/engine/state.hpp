@@ -37,6 +37,9 @@ struct LocalState {
   // line naming the first bad row ("the <name> of <row_noun> i ...").
   bool positive = false;
   std::string row_noun = "row";
+  // > 0: every value must also be a whole number in [0, categories) (e.g. a label of K
+  // components), since a model indexes with it.
+  std::int64_t categories = 0;
 };
 
 // One named part of a sampler's recorded draw, e.g. the means (K x D); a draw is its parts

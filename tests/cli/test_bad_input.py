@@ -182,6 +182,18 @@ def main():
     shutil.copyfile(p("lda_ck.h5"), p("lda_ck_neg_gamma.h5"))
     with h5py.File(p("lda_ck_neg_gamma.h5"), "r+") as f:
         f["rows/gammas"][7, 1] = -1e-300
+    # A collapsed Gibbs chain's checkpoint with a label outside [0, K).
+    r = subprocess.run(mpirun(1) + [caviar, "-q", "gmm", "sample", "--data", p("good.h5") + ":/X",
+                                    "-k", "2", "--sampler", "collapsed", "--sweeps", "3",
+                                    "--burn-in", "0", "--checkpoint", p("chain_ck.h5"),
+                                    "--checkpoint-every", "2", "--out", p("chain_ck_out.h5")],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    if r.returncode != 0:
+        print(f"FAIL: setup of the collapsed chain's checkpoint failed:\n{r.stderr}")
+        return 1
+    shutil.copyfile(p("chain_ck.h5"), p("chain_ck_bad_label.h5"))
+    with h5py.File(p("chain_ck_bad_label.h5"), "r+") as f:
+        f["rows/labels"][11, 0] = 7
     shutil.copyfile(p("lda_a.h5"), p("lda_unstored.h5"))
     with h5py.File(p("lda_unstored.h5"), "r+") as f:
         del f["indptr"]
@@ -300,6 +312,7 @@ def main():
         ("gmm sample: --block-rows with the blocked sampler", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--block-rows", "8", "--out", out], "--block-rows is an option of --sampler collapsed"),
         ("gmm sample: --block-rows 0", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "collapsed", "--block-rows", "0", "--out", out], "--block-rows must be >= 1 (got 0)"),
         ("gmm sample: collapsed, diagonal covariance", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "collapsed", "--covariance", "diag", "--out", out], "--sampler collapsed needs --covariance full"),
+        ("gmm sample resume: a label outside [0, K)", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "collapsed", "--sweeps", "3", "--burn-in", "0", "--resume", p("chain_ck_bad_label.h5"), "--out", out], "the labels of row 11 are not all whole numbers in [0, 2)"),
         ("gmm sample: collapsed, a block split between ranks", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--sampler", "collapsed", "--block-rows", "100000", "--out", out], "would split a block between ranks at 2 ranks"),
         ("gmm sample: a chain option with --model", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "5", "--sweeps", "10", "--out", out], "--sweeps is for a Gibbs chain on --data"),
         ("gmm sample: --n with --data", 2, [caviar, "gmm", "sample", "--data", p("good.h5") + ":/X", "-k", "2", "--n", "5", "--out", out], "--n is for drawing rows from a --model"),

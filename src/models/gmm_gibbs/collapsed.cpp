@@ -258,6 +258,7 @@ std::vector<engine::LocalState> CollapsedSampler::local_states() {
   l.name = "labels";
   l.data = labels_.data();
   l.width = 1;
+  l.categories = model_.n_components();  // indexes the components: checked on a resume
   return {l};
 }
 
