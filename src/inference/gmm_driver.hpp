@@ -33,7 +33,8 @@ struct FitOptions {
   std::uint64_t seed = 0;
   std::string init;  // kmeans++ | random | FILE.h5:/resp; "" = kmeans++ (random with --stream)
   // Start from the responsibilities of the mixture in this file (/weights, /means, /covariances,
-  // full K x D x D or diagonal K x D): a model file of gmm fit (warm start) or given parameters.
+  // full K x D x D or diagonal K x D): given parameters, or a model file of gmm fit (whose
+  // posterior --warm-start continues from instead).
   std::string init_params;
   // Continue the fit in this model file of gmm fit (CAVI and EM): its whole state (the
   // variational posterior, or EM's point estimate) replaces the initialisation, so the first
