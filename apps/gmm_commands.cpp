@@ -104,8 +104,13 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       ->capture_default_str();
   fit->add_option("--init-params", o->init_params,
                   "Start from the responsibilities of a mixture in FILE.h5 (/weights, /means, "
-                  "/covariances: e.g. a model file of gmm fit, for a warm start)")
+                  "/covariances: given parameters, or a model file of gmm fit; --warm-start "
+                  "continues a fit from its whole posterior instead)")
       ->excludes(init);
+  fit->add_option("--warm-start", o->warm_start,
+                  "Continue the fit in MODEL.h5 (a model file of gmm fit, cavi or em, of the "
+                  "same K, D, covariance and weight prior) for --max-iter more iterations, from "
+                  "its whole posterior (em: its parameters)");
   fit->add_option("--kmeans-iter", o->kmeans_iter, "Lloyd steps after k-means++ seeding")
       ->capture_default_str();
   fit->add_option("--alpha0,--concentration", o->alpha0,

@@ -144,7 +144,6 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
     """Shared by the two mixtures: parameter checks, the run, prediction."""
 
     _algorithms = ()
-    _warm_start_supported = False
 
     # ------------------------------------------------------------------ checks
     def _check_caviar_params(self):
@@ -154,12 +153,6 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
             raise _not_implemented(
                 "covariance_type=%r" % (self.covariance_type,),
                 "`caviar gmm fit --covariance` takes full or diag")
-        if self.warm_start and not self._warm_start_supported:
-            raise _not_implemented(
-                "warm_start=True for %s (continuing from the previous posterior)"
-                % type(self).__name__,
-                "caviar's --init-params starts from point estimates (GaussianMixture); "
-                "`gmm fit --checkpoint/--resume` continues an interrupted fit")
         _check_launch(self)
         algorithm = getattr(self, "algorithm", "em")
         if algorithm not in self._algorithms:
@@ -239,9 +232,16 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                                    n_ranks=self.n_ranks, n_threads=self.n_threads,
                                    mpirun=self.mpirun, verbose=self.verbose)
 
-            start = self._given_start(wd, run, ref, n_rows, n_features)
+            # A warm start continues the previous fit (scikit-learn then ignores n_init and the
+            # initialisation); given parameters (GaussianMixture) start EM as a warm start from
+            # them: scikit-learn's max_iter and first convergence test count from them, as
+            # --warm-start's do.
+            start = (self._previous_model(wd)
+                     or self._given_start(wd, run, ref, n_rows, n_features))
             if start is not None:
-                summary = self._fit_from(start, run, model)
+                summary = run(["--max-iter", self.max_iter, "--warm-start", start,
+                               "--out", model])
+                self._read_model(model, shift)
             else:
                 extra = ["--max-iter", self.max_iter, "--out", model] + self._init_args(wd, n_rows)
                 if self.n_init != 1:
@@ -250,6 +250,7 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                     extra += ["--n-init", self.n_init]
                 summary = run(extra)
                 self._read_model(model, shift)
+            self._keep_model(model)
         self.n_features_in_ = self.means_.shape[1]
         self.caviar_summary_ = summary
         if not self.converged_:
@@ -258,6 +259,25 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
                                                           summary.get("stop_reason")),
                           ConvergenceWarning, stacklevel=3)  # points at the caller of fit
         return self
+
+    def _previous_model(self, wd):
+        """With warm_start=True, once fitted: the previous fit's model file, written into wd
+        for `caviar gmm fit --warm-start` (which continues from its whole state), or None."""
+        blob = getattr(self, "_warm_model_h5", None)
+        if not self.warm_start or blob is None:
+            return None
+        path = wd.file("previous.h5")
+        with open(path, "wb") as f:
+            f.write(blob)
+        return path
+
+    def _keep_model(self, model):
+        """Keeps the model file's bytes for the next warm-started fit (only with warm_start:
+        they hold the full posterior, K x D x D matrices)."""
+        self._warm_model_h5 = None
+        if self.warm_start and os.path.exists(model):
+            with open(model, "rb") as f:
+                self._warm_model_h5 = f.read()
 
     def _given_start(self, wd, run, ref, n_rows, n_features):
         """A start from given parameters (GaussianMixture), or None: start from
@@ -356,7 +376,10 @@ class BayesianGaussianMixture(_CaviarMixture):
         None: the data covariance (caviar --prior-scale data, normalised by N - 1 as
         numpy.cov); the identity (np.eye(D), diag: np.ones(D)) is also accepted. Other
         matrices raise NotImplementedError.
-    covariance_type 'tied'/'spherical' and warm_start=True raise NotImplementedError.
+    warm_start : once fitted, fit() continues from the previous fit's whole variational
+        posterior for max_iter more iterations (caviar's --warm-start on its model file);
+        n_init and the initialisation are then ignored, as in scikit-learn.
+    covariance_type 'tied'/'spherical' raise NotImplementedError.
     n_init runs caviar's --n-init (starts keyed by random_state and the start).
     verbose_interval : not used (caviar reports every iteration; verbose > 0 prints them).
 
@@ -553,13 +576,14 @@ class GaussianMixture(_CaviarMixture):
         (0: run max_iter iterations). scikit-learn stops on the absolute change of the mean
         log-likelihood per row (lower_bound_), so its tol t is t / |lower_bound_| here.
     init_params : as BayesianGaussianMixture.
-    weights_init, means_init, precisions_init : EM starts from them (caviar's --init-params);
-        the missing ones come from the M-step of the init_params responsibilities.
+    weights_init, means_init, precisions_init : EM starts from them (caviar's --warm-start on
+        a model file of them); the missing ones come from the M-step of the init_params
+        responsibilities.
     warm_start : once fitted, fit() continues EM from the fitted parameters for max_iter
-        iterations (caviar's --init-params on them).
+        more iterations (caviar's --warm-start on the previous model file; n_init and the
+        *_init are then ignored, as in scikit-learn).
     covariance_type 'tied'/'spherical' raise NotImplementedError. n_init runs caviar's
-    --n-init (not with given parameters, from which every start is the same). A warm start
-    is also converged_ when its first EM step changes the bound by less than tol.
+    --n-init (not with given parameters, from which every start is the same).
     reg_covar is caviar's --reg-covar (the same meaning as scikit-learn's).
 
     caviar's own parameters: n_ranks, n_threads, caviar_bin, mpirun, stream, init_resp, as in
@@ -573,7 +597,6 @@ class GaussianMixture(_CaviarMixture):
 
     _parameter_constraints = dict(_GM_CONSTRAINTS)
     _algorithms = ("em",)
-    _warm_start_supported = True
 
     def __init__(self, n_components=1, *, covariance_type="full", tol=1e-6, reg_covar=1e-6,
                  max_iter=100, n_init=1, init_params="kmeans", weights_init=None,
@@ -605,65 +628,35 @@ class GaussianMixture(_CaviarMixture):
         return ["--algorithm", "em", "--reg-covar", repr(float(self.reg_covar))], None
 
     def _given_start(self, wd, run, ref, n_rows, n_features):
-        """EM's first parameters when they are given: the previous fit's (warm_start, once
-        fitted; the *_init are then ignored, as in scikit-learn), or weights_init, means_init
-        and precisions_init, the missing ones taken from the M-step of the init_params
-        responsibilities (scikit-learn's _initialize). Returns (FILE.h5 holding them as
-        /weights, /means, /covariances; the same three arrays; the previous fit's
-        lower_bound_, or None when not warm-starting), or None: start from responsibilities."""
+        """EM's first parameters when they are given: weights_init, means_init and
+        precisions_init, the missing ones taken from the M-step of the init_params
+        responsibilities (scikit-learn's _initialize). Returns an EM model file holding them
+        (/weights, /means, /covariances, /precisions_cholesky), for --warm-start, or None:
+        start from responsibilities."""
         import h5py
-        if self.warm_start and hasattr(self, "converged_"):
-            w, m, c, prev = self.weights_, self.means_, self.covariances_, self.lower_bound_
-        else:
-            given = (self.weights_init, self.means_init, self.precisions_init)
-            if all(v is None for v in given):
-                return None
-            K = self.n_components
-            D = n_features if n_features is not None else _runner.dataset_shape(ref)[1]
-            w = None if given[0] is None else _check_init_weights(given[0], K)
-            m = None if given[1] is None else _check_init_array(given[1], (K, D), "means")
-            c = None if given[2] is None else _covariances_of_precisions(
-                given[2], self.covariance_type, K, D)
-            if w is None or m is None or c is None:
-                first = wd.file("first.h5")
-                run(["--max-iter", 0, "--out", first] + self._init_args(wd, n_rows))
-                with h5py.File(first, "r") as f:
-                    w = f["weights"][...] if w is None else w
-                    m = f["means"][...] if m is None else m
-                    c = f["covariances"][...] if c is None else c
-            prev = None
+        given = (self.weights_init, self.means_init, self.precisions_init)
+        if all(v is None for v in given):
+            return None
+        K = self.n_components
+        D = n_features if n_features is not None else _runner.dataset_shape(ref)[1]
+        w = None if given[0] is None else _check_init_weights(given[0], K)
+        m = None if given[1] is None else _check_init_array(given[1], (K, D), "means")
+        c = None if given[2] is None else _covariances_of_precisions(
+            given[2], self.covariance_type, K, D)
+        if w is None or m is None or c is None:
+            first = wd.file("first.h5")
+            run(["--max-iter", 0, "--out", first] + self._init_args(wd, n_rows))
+            with h5py.File(first, "r") as f:
+                w = f["weights"][...] if w is None else w
+                m = f["means"][...] if m is None else m
+                c = f["covariances"][...] if c is None else c
         path = wd.file("start.h5")
         with h5py.File(path, "w") as f:
             f["weights"], f["means"], f["covariances"] = w, m, c
-        return path, (w, m, c), prev
-
-    def _fit_from(self, start, run, model):
-        """EM from given parameters. scikit-learn's max_iter counts EM iterations from them;
-        caviar's --init-params start is the first of them (its E-step, then the M-step), so
-        --max-iter is one less. max_iter=0 keeps the given parameters, as scikit-learn."""
-        path, (w, m, c), prev = start
-        if self.max_iter == 0:
-            self.weights_, self.means_, self.covariances_ = (np.array(w, dtype=np.float64),
-                                                             np.array(m, dtype=np.float64),
-                                                             np.array(c, dtype=np.float64))
-            self.precisions_cholesky_ = _precisions_cholesky_from_covariances(
-                self.covariances_, self.covariance_type)
-            self.precisions_ = _precisions(self.precisions_cholesky_, self.covariance_type)
-            self.log_likelihood_trace_ = np.zeros(0)
-            self.lower_bound_, self.n_iter_, self.converged_ = -np.inf, 0, False
-            return {"iterations": 0, "stop_reason": "max-iter"}
-        summary = run(["--max-iter", self.max_iter - 1, "--init-params", path, "--out", model])
-        self._read_model(model, None)
-        self.n_iter_ += 1
-        if prev is not None and not self.converged_:
-            # A warm start's first EM step is tested against the previous fit's bound (the
-            # log-likelihood of the parameters it started from), by caviar's rule.
-            import h5py
-            with h5py.File(model, "r") as f:
-                first = self.log_likelihood_trace_[0] / float(_attr(dict(f.attrs), "n_samples"))
-            if abs(first - prev) <= self.tol * max(abs(first), 1e-300):
-                self.converged_ = True
-        return summary
+            f["precisions_cholesky"] = _precisions_cholesky_from_covariances(
+                np.asarray(c, dtype=np.float64), self.covariance_type)
+            f.attrs["algorithm"], f.attrs["covariance_type"] = "em", self.covariance_type
+        return path
 
     def _read_model(self, path, shift):
         import h5py

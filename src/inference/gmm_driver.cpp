@@ -480,6 +480,7 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
   w.attr("threads", static_cast<std::int64_t>(max_threads()));
   w.attr("seed", static_cast<std::int64_t>(o.seed));
   w.attr("init", init);
+  if (!o.warm_start.empty()) w.attr("warm_start", o.warm_start);
   w.attr("data", o.data);
   w.attr("tol", o.tol);
   w.attr("reduction", std::string(o.fast_reduce ? "fast" : "exact"));
@@ -648,6 +649,7 @@ class StepSize {
 namespace driver {
 
 std::string resolve_init(const FitOptions& o) {
+  if (!o.warm_start.empty()) return "warm-start:" + o.warm_start;
   if (!o.init_params.empty()) return "params:" + o.init_params;  // recorded, and fingerprinted
   if (!o.init.empty()) return o.init;
   return o.stream ? "random" : "kmeans++";
@@ -718,6 +720,44 @@ engine::Progress batch_progress(const engine::Checkpointer& ck, const Progress& 
   };
 }
 
+// --warm-start: sets model to the fitted state of a model file of gmm fit, checked against this
+// fit. The state is the whole variational posterior q(pi) q(mu, Lambda) (Bishop 2006, eqs
+// 10.57-10.63; stick-breaking: Blei & Jordan 2006), or EM's point estimate (Bishop 2006, eqs
+// 9.24-9.26), so the first E-step is the one the fit that wrote the file would have taken next.
+// The prior and the shift are this fit's own (the same as the first fit's for the same data
+// and options).
+void warm_start(const Comm& comm, const FitOptions& o, int d, Model& model) {
+  const std::string what = "--warm-start '" + o.warm_start + "'";
+  std::string algorithm;
+  std::optional<Model> from;
+  try {
+    comm.agree([&] {
+      const io::FileReader r(o.warm_start);
+      if (r.has_attr("algorithm")) algorithm = r.read_string_attr("algorithm");
+    });
+    from.emplace(load_model(comm, o.warm_start));
+  } catch (const Error& e) {
+    throw Error(what + ": " + e.what());
+  }
+  const auto mismatch = [&](const std::string& name, const std::string& file,
+                            const std::string& fit) {
+    if (file != fit)
+      throw Error(what + " has " + name + " " + file + "; this fit has " + fit +
+                  " (a warm start continues the same model)");
+  };
+  mismatch("algorithm", algorithm, to_string(o.algorithm));
+  mismatch("covariance type", to_string(from->covariance()), to_string(o.covariance));
+  mismatch("K =", std::to_string(from->n_components()), std::to_string(o.components));
+  mismatch("D =", std::to_string(from->dim()), std::to_string(d));
+  mismatch("weight prior", to_string(from->prior().weights), to_string(o.weights));
+  comm.agree([&] {
+    if (o.algorithm == Algorithm::kEm)
+      model.set_ml_params(from->ml_params());
+    else
+      model.set_posterior(from->posterior());
+  });
+}
+
 // CAVI (Bishop 2006, section 10.2) or EM (Bishop 2006, section 9.2) on the engine's batch driver:
 // the E-step over all rows, the exact reduction, the M-step (models/gmm/batch.hpp).
 FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& progress, Model& model,
@@ -736,8 +776,11 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
                o.fast_reduce ? std::vector<int>{}
                              : model.exact_exponents(static_cast<double>(n), su.mom.max_abs),
                each, resp);
-  // lambda_0: the M-step from the initial responsibilities (a resumed fit loads its own).
-  if (!ck.resuming()) {
+  // lambda_0: the M-step from the initial responsibilities (a resumed fit loads its own; a warm
+  // start takes the posterior of its model file, and cannot be resumed).
+  if (!o.warm_start.empty()) {
+    warm_start(comm, o, static_cast<int>(su.src.shape().cols), model);
+  } else if (!ck.resuming()) {
     const Stats start = initial_stats(comm, o, su.init, su.src, model, su.mom);
     comm.agree([&] { fit.update(start); });
   }
@@ -957,6 +1000,24 @@ FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress
   return res;
 }
 
+// The options --warm-start excludes. scikit-learn ignores n_init when it warm-starts; here a
+// given --n-init > 1 is refused rather than silently ignored.
+void check_warm_start(const FitOptions& o) {
+  if (o.warm_start.empty()) return;
+  if (o.algorithm == Algorithm::kSvi)
+    throw Error(
+        "--warm-start applies to --algorithm cavi and em (svi keeps its state as statistics "
+        "and a step-size schedule, which a model file does not hold)");
+  if (!o.init.empty() || !o.init_params.empty())
+    throw Error("--warm-start starts from its model: not with --init or --init-params");
+  if (o.n_init > 1)
+    throw Error("--n-init > 1 with --warm-start: a warm start has one start, its model's");
+  if (!o.checkpoint.empty() || !o.resume.empty())
+    throw Error(
+        "--warm-start cannot be checkpointed or resumed yet (a checkpoint holds statistics, a "
+        "warm start a posterior)");
+}
+
 Start fit_start(const Setup& su, const FitOptions& o, const Progress& progress) {
   const int d = static_cast<int>(su.src.shape().cols);
   const Estimator est =
@@ -1002,8 +1063,11 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   }
   if (o.stream && !o.labels.empty())
     throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
+  check_warm_start(o);
   std::vector<std::string> inputs{ref.file};
-  if (!o.init_params.empty())
+  if (!o.warm_start.empty())
+    inputs.push_back(o.warm_start);
+  else if (!o.init_params.empty())
     inputs.push_back(o.init_params);
   else if (init != "random" && init != "kmeans++" && init != "random-from-data")
     inputs.push_back(io::DataRef::parse(init).file);

@@ -33,8 +33,14 @@ struct FitOptions {
   std::uint64_t seed = 0;
   std::string init;  // kmeans++ | random | FILE.h5:/resp; "" = kmeans++ (random with --stream)
   // Start from the responsibilities of the mixture in this file (/weights, /means, /covariances,
-  // full K x D x D or diagonal K x D): a model file of gmm fit (warm start) or given parameters.
+  // full K x D x D or diagonal K x D): given parameters, or a model file of gmm fit (whose
+  // posterior --warm-start continues from instead).
   std::string init_params;
+  // Continue the fit in this model file of gmm fit (CAVI and EM): its whole state (the
+  // variational posterior, or EM's point estimate) replaces the initialisation, so the first
+  // E-step is the one the fit that wrote it would have taken next. K, D, the covariance type, the
+  // algorithm and the weight prior must match; not with --init, --init-params or --n-init > 1.
+  std::string warm_start;
   // Starts keyed by (seed, start), keeping the one with the best final bound (scikit-learn's
   // n_init); start 0 is the fit of `seed` itself.
   int n_init = 1;

@@ -380,7 +380,6 @@ def part_notimpl(workdir):
         ("BGM covariance_type='spherical'", BGM(covariance_type="spherical")),
         ("GM covariance_type='tied'", GM(covariance_type="tied")),
         ("GM covariance_type='spherical'", GM(covariance_type="spherical")),
-        ("BGM warm_start=True", BGM(warm_start=True)),
         ("BGM reg_covar=1e-6", BGM(reg_covar=1e-6)),
     ]
     for what, est in cases:
@@ -498,6 +497,41 @@ def part_given_start(workdir):
     return "given start %.1e from scikit-learn, warm start %.1e" % (err_sk, err)
 
 
+def part_warm_start(workdir):
+    """BayesianGaussianMixture(warm_start=True) continues from its whole posterior (caviar's
+    --warm-start): three fits of max_iter=1 end where one fit of max_iter=3 ends, to 1e-10
+    relative (not bitwise: the model file holds m_k, the fit m_k - c exactly), for full and diag
+    and both weight priors; lower_bound_ never falls; n_init is ignored once fitted, as in
+    scikit-learn (the warm fits run no --n-init)."""
+    import caviar
+    X, _ = make_data(505, 400, 2, 3)
+    worst = 0.0
+    for cov in ("full", "diag"):
+        for prior in ("dirichlet_distribution", "dirichlet_process"):
+            kw = dict(covariance_type=cov, weight_concentration_prior_type=prior, tol=0,
+                      init_params="random", random_state=3)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                once = caviar.BayesianGaussianMixture(n_components=3, max_iter=3, **kw).fit(X)
+                warm = caviar.BayesianGaussianMixture(n_components=3, max_iter=1, warm_start=True,
+                                                      **kw)
+                bounds = [warm.fit(X).lower_bound_]
+                warm.set_params(n_init=2)  # ignored from now on
+                bounds += [warm.fit(X).lower_bound_ for _ in range(2)]
+            err = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in
+                      [(warm.means_, once.means_), (warm.covariances_, once.covariances_),
+                       (warm.weights_, once.weights_),
+                       (warm.mean_precision_, once.mean_precision_),
+                       (warm.degrees_of_freedom_, once.degrees_of_freedom_)])
+            worst = max(worst, err)
+            check(err < 1e-10, "%s %s: 3 warm fits of 1 iteration vs 1 of 3: %.1e"
+                  % (cov, prior, err))
+            check(bounds[0] <= bounds[1] <= bounds[2], "lower_bound_ never falls %r" % bounds)
+            check(warm.n_iter_ == 1 and "n_init_bounds" not in warm.caviar_summary_,
+                  "warm fit: n_iter_ %d, n_init ignored" % warm.n_iter_)
+    return "BGM warm start within %.1e of one fit" % worst
+
+
 # ------------------------------------------------------------------ main
 
 def main(argv=None):
@@ -530,6 +564,7 @@ def main(argv=None):
                 ("n_init", lambda: part_n_init(workdir)),
                 ("from_data", lambda: part_from_data(workdir)),
                 ("given_start", lambda: part_given_start(workdir)),
+                ("warm_start", lambda: part_warm_start(workdir)),
                 ("notimpl", lambda: part_notimpl(workdir))])
     failed = []
     t_all = time.time()
