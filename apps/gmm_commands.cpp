@@ -60,185 +60,210 @@ void run_chain(Context& ctx, gmm::ChainOptions c, const std::string& cov, const 
   print_summary(ctx, j);
 }
 
-}  // namespace
+// gmm fit's choices kept as text until the action parses them, and the options whose presence
+// the action checks.
+struct FitChoices {
+  std::string cov = "full", algorithm = "cavi", weights = "dirichlet", schedule = "robbins-monro",
+              precision = "double";
+  CLI::Option* reg_covar = nullptr;
+  CLI::Option* tau0 = nullptr;
+};
 
-void add_gmm_commands(CLI::App& cli, Context& ctx) {
-  auto* gmm = cli.add_subcommand("gmm", "Gaussian mixture: variational Bayes (CAVI, SVI) or EM");
-  gmm->require_subcommand(1);
-  engine::add_compare_command(gmm, ctx, "gmm");
+// The start of a fit: --seed, --init, --n-init, --init-params, --warm-start, --kmeans-iter.
+void add_start_options(CLI::App* fit, gmm::FitOptions& o) {
+  fit->add_option("--seed", o.seed, "Random seed")->capture_default_str();
+  auto* init = fit->add_option("--init", o.init,
+                               "kmeans++ | random | random-from-data (K random points, one "
+                               "each) | FILE.h5:/resp (N x K) [default: kmeans++; random "
+                               "with --stream]");
+  fit->add_option("--n-init", o.n_init,
+                  "Starts (each from its own random initialisation, keyed by --seed and the "
+                  "start); the fit with the best final bound is kept")
+      ->capture_default_str();
+  fit->add_option("--init-params", o.init_params,
+                  "Start from the responsibilities of a mixture in FILE.h5 (/weights, /means, "
+                  "/covariances: given parameters, or a model file of gmm fit; --warm-start "
+                  "continues a fit from its whole posterior instead)")
+      ->excludes(init);
+  fit->add_option("--warm-start", o.warm_start,
+                  "Continue the fit in MODEL.h5 (a model file of gmm fit, cavi or em, of the "
+                  "same K, D, covariance and weight prior) for --max-iter more iterations, from "
+                  "its whole posterior (em: its parameters)");
+  fit->add_option("--kmeans-iter", o.kmeans_iter, "Lloyd steps after k-means++ seeding")
+      ->capture_default_str();
+}
 
-  // fit
+// The Normal-Wishart prior and the weight concentration (gmm fit and the Gibbs samplers).
+void add_prior_options(CLI::App* fit, gmm::FitOptions& o) {
+  fit->add_option("--alpha0,--concentration", o.alpha0,
+                  "Weight concentration: Dirichlet alpha0, or the stick-breaking Beta(1, alpha0) "
+                  "concentration (default 1/K)");
+  fit->add_option("--beta0", o.beta0, "Mean precision scaling (default 1)");
+  fit->add_option("--nu0", o.nu0, "Wishart degrees of freedom (default D)");
+  fit->add_option("--prior-mean", o.prior_mean, "zero | data (m0 = data mean)")
+      ->check(CLI::IsMember({"zero", "data"}))
+      ->capture_default_str();
+  fit->add_option("--prior-scale", o.prior_scale, "identity | data (W0^-1 = data covariance)")
+      ->check(CLI::IsMember({"identity", "data"}))
+      ->capture_default_str();
+}
+
+// SVI: minibatch, step-size schedule, full-ELBO diagnostics.
+void add_svi_options(CLI::App* fit, gmm::FitOptions& o, FitChoices& c, Context& ctx) {
+  fit->add_option("--batch-size", o.batch_size, "SVI minibatch size B")->capture_default_str();
+  fit->add_option("--schedule", c.schedule,
+                  "SVI step size: robbins-monro (rho_t = (tau0 + t)^-kappa) | adaptive "
+                  "(Ranganath et al. 2013)")
+      ->check(CLI::IsMember({"robbins-monro", "rm", "adaptive"}))
+      ->capture_default_str();
+  c.tau0 = fit->add_option("--tau0", o.tau0,
+                           "SVI robbins-monro: step size delay, rho_t = (tau0 + t)^-kappa at "
+                           "the t-th minibatch (t >= 1), as in lda fit and hmm fit")
+               ->capture_default_str();
+  fit->add_option("--kappa", o.kappa, "SVI robbins-monro: step size decay, in [0, 1]")
+      ->capture_default_str();
+  fit->add_option("--adaptive-memory", o.adaptive_memory,
+                  "SVI adaptive: the initial memory tau_1 >= 1 of the moving averages")
+      ->capture_default_str();
+  engine::add_renamed_option(fit, "--omega", "--tau0", o.tau0, ctx);
+  engine::add_renamed_option(fit, "--delta", "--kappa", o.kappa, ctx);
+  fit->add_option("--full-elbo-every", o.full_elbo_every,
+                  "SVI: also compute the full ELBO every S steps (not timed)");
+}
+
+// The data path, the arithmetic, and the outputs.
+void add_io_options(CLI::App* fit, gmm::FitOptions& o, FitChoices& c) {
+  fit->add_flag("--stream", o.stream,
+                "Read rows from the file per minibatch / chunk; never hold the whole dataset");
+  fit->add_option("--chunk-rows", o.chunk_rows, "Rows per chunk of a streamed full pass");
+  fit->add_flag("--fast-reduce", o.fast_reduce,
+                "Sum statistics in plain double instead of exactly: faster, but results then "
+                "change in their last bits with the number of ranks and threads "
+                "(docs/reproducibility.md)");
+  fit->add_option("--heldout", o.heldout,
+                  "Held-out FILE.h5[:/path]: report its average log predictive density");
+  fit->add_option("--out", o.out, "Model file to write (HDF5)");
+  fit->add_option("--labels", o.labels, "Per-row labels file to write (HDF5, /labels)");
+  fit->add_flag("--save-responsibilities", o.save_responsibilities,
+                "Also write /responsibilities (N x K) to the labels file");
+  fit->add_option("--precision", c.precision,
+                  "double | single: float32 products in the full-covariance E-step, double "
+                  "sums (faster at large D; results change by the float rounding)")
+      ->check(CLI::IsMember({"double", "single"}))
+      ->capture_default_str();
+}
+
+nlohmann::ordered_json fit_summary(const Context& ctx, const gmm::FitResult& r,
+                                   const std::string& algorithm) {
+  const auto alg = gmm::parse_algorithm(algorithm);
+  nlohmann::ordered_json j;
+  if (alg == gmm::Algorithm::kEm) {
+    j["log_likelihood"] = r.elbo;
+    j["lower_bound"] = r.elbo / static_cast<double>(r.n);  // sklearn's lower_bound_
+  } else {
+    j["elbo"] = r.elbo;
+  }
+  j["algorithm"] = algorithm;
+  j["iterations"] = r.iterations;
+  if (alg == gmm::Algorithm::kSvi) j["steps"] = r.steps;
+  j["stop_reason"] = r.stop_reason;
+  if (r.heldout) j["heldout"] = *r.heldout;
+  j["converged"] = r.converged;
+  if (!r.start_bounds.empty()) {
+    j["n_init_bounds"] = r.start_bounds;
+    j["best_start"] = r.best_start;
+  }
+  j["seconds"] = r.seconds;
+  j["loop_seconds"] = r.loop_seconds;
+  j["allreduce_seconds"] = {r.allreduce_seconds_min, r.allreduce_seconds_max};  // min, max
+  j["n"] = r.n;
+  j["ranks"] = ctx.comm->size();
+  j["threads"] = max_threads();
+  return j;
+}
+
+void run_fit(Context& ctx, gmm::FitOptions& o, const FitChoices& c) {
+  // The variational fits regularise through the Wishart prior; an ignored --reg-covar would
+  // leave a user believing their covariances were regularised.
+  if (c.reg_covar->count() > 0 && c.algorithm != "em")
+    throw Error(
+        "--reg-covar applies to --algorithm em only (cavi and svi regularise the "
+        "covariances through the prior: --nu0, --prior-scale)");
+  o.covariance = gmm::parse_covariance(c.cov);
+  o.precision = gmm::parse_precision(c.precision);
+  o.algorithm = gmm::parse_algorithm(c.algorithm);
+  o.weights = gmm::parse_weight_prior(c.weights);
+  o.schedule = gmm::parse_schedule(c.schedule);
+  // --tau0 was the adaptive schedule's memory before it became the Robbins-Monro delay of
+  // every model: refused there rather than silently ignored.
+  if (c.tau0->count() > 0 && o.schedule == gmm::Schedule::kAdaptive)
+    throw Error(
+        "--tau0 is the robbins-monro step size delay; the adaptive schedule's initial "
+        "memory is --adaptive-memory");
+  o.command = ctx.command_line;
+  o.version = CAVIAR_VERSION;
+  print_progress(ctx, "caviar gmm fit: " + o.data + ", K=" + std::to_string(o.components) + ", " +
+                          c.algorithm + ", " + c.cov + " covariance, " + c.weights + " weights, " +
+                          std::to_string(ctx.comm->size()) + " ranks x " +
+                          std::to_string(max_threads()) + " threads");
+  const auto alg = o.algorithm;
+  const auto r = gmm::fit(*ctx.comm, o, [&ctx, alg](const gmm::IterationReport& it) {
+    char line[200];
+    if (alg == gmm::Algorithm::kSvi)
+      std::snprintf(line, sizeof line,
+                    "epoch %4d  avg stochastic elbo % .10e  rel %9.3e  steps %lld  rho %.3e  "
+                    "%8.3fs",
+                    it.iteration, it.elbo, it.rel_change, static_cast<long long>(it.steps), it.rho,
+                    it.seconds);
+    else
+      std::snprintf(line, sizeof line, "iter %4d  %s % .10e  rel %9.3e  %8.3fs", it.iteration,
+                    alg == gmm::Algorithm::kEm ? "loglik" : "elbo", it.elbo, it.rel_change,
+                    it.seconds);
+    print_progress(ctx, line);
+  });
+  if (!o.out.empty()) print_progress(ctx, "wrote model " + o.out);
+  if (!o.labels.empty()) print_progress(ctx, "wrote labels " + o.labels);
+  print_summary(ctx, fit_summary(ctx, r, c.algorithm));
+}
+
+void add_fit_command(CLI::App* gmm, Context& ctx) {
   auto o = std::make_shared<gmm::FitOptions>();
-  auto cov = std::make_shared<std::string>("full");
-  auto algorithm = std::make_shared<std::string>("cavi");
-  auto weights = std::make_shared<std::string>("dirichlet");
-  auto schedule = std::make_shared<std::string>("robbins-monro");
-  auto precision = std::make_shared<std::string>("double");
+  auto c = std::make_shared<FitChoices>();
   auto* fit = gmm->add_subcommand("fit", "Fit a mixture by CAVI, SVI or EM");
   fit->add_option("--data", o->data, "Input FILE.h5[:/path] (default path /X), N x D")->required();
   fit->add_option("-k,--components", o->components, "Number of components K")->required();
-  fit->add_option("--algorithm", *algorithm,
+  fit->add_option("--algorithm", c->algorithm,
                   "cavi (coordinate ascent) | svi (stochastic, natural gradients) | em (maximum "
                   "likelihood)")
       ->check(CLI::IsMember({"cavi", "svi", "em"}))
       ->capture_default_str();
-  fit->add_option("--weights", *weights,
+  fit->add_option("--weights", c->weights,
                   "Weight prior: dirichlet | stick-breaking (truncated Dirichlet process)")
       ->check(CLI::IsMember({"dirichlet", "stick-breaking"}))
       ->capture_default_str();
-  fit->add_option("--covariance", *cov, "full | diag")->check(CLI::IsMember({"full", "diag"}));
+  fit->add_option("--covariance", c->cov, "full | diag")->check(CLI::IsMember({"full", "diag"}));
   fit->add_option("--max-iter", o->max_iter, "Maximum iterations (CAVI, EM) or epochs (SVI)")
       ->capture_default_str();
   fit->add_option("--tol", o->tol,
                   "Stop when the relative change of the ELBO (SVI: epoch-average stochastic "
                   "ELBO; EM: log-likelihood) is below this (0: never)")
       ->capture_default_str();
-  fit->add_option("--seed", o->seed, "Random seed")->capture_default_str();
-  auto* init = fit->add_option("--init", o->init,
-                               "kmeans++ | random | random-from-data (K random points, one "
-                               "each) | FILE.h5:/resp (N x K) [default: kmeans++; random "
-                               "with --stream]");
-  fit->add_option("--n-init", o->n_init,
-                  "Starts (each from its own random initialisation, keyed by --seed and the "
-                  "start); the fit with the best final bound is kept")
-      ->capture_default_str();
-  fit->add_option("--init-params", o->init_params,
-                  "Start from the responsibilities of a mixture in FILE.h5 (/weights, /means, "
-                  "/covariances: given parameters, or a model file of gmm fit; --warm-start "
-                  "continues a fit from its whole posterior instead)")
-      ->excludes(init);
-  fit->add_option("--warm-start", o->warm_start,
-                  "Continue the fit in MODEL.h5 (a model file of gmm fit, cavi or em, of the "
-                  "same K, D, covariance and weight prior) for --max-iter more iterations, from "
-                  "its whole posterior (em: its parameters)");
-  fit->add_option("--kmeans-iter", o->kmeans_iter, "Lloyd steps after k-means++ seeding")
-      ->capture_default_str();
-  fit->add_option("--alpha0,--concentration", o->alpha0,
-                  "Weight concentration: Dirichlet alpha0, or the stick-breaking Beta(1, alpha0) "
-                  "concentration (default 1/K)");
-  fit->add_option("--beta0", o->beta0, "Mean precision scaling (default 1)");
-  fit->add_option("--nu0", o->nu0, "Wishart degrees of freedom (default D)");
-  fit->add_option("--prior-mean", o->prior_mean, "zero | data (m0 = data mean)")
-      ->check(CLI::IsMember({"zero", "data"}))
-      ->capture_default_str();
-  fit->add_option("--prior-scale", o->prior_scale, "identity | data (W0^-1 = data covariance)")
-      ->check(CLI::IsMember({"identity", "data"}))
-      ->capture_default_str();
-  auto* reg_covar =
+  add_start_options(fit, *o);
+  add_prior_options(fit, *o);
+  c->reg_covar =
       fit->add_option("--reg-covar", o->reg_covar, "EM: added to every covariance diagonal")
           ->capture_default_str();
-  fit->add_option("--batch-size", o->batch_size, "SVI minibatch size B")->capture_default_str();
-  fit->add_option("--schedule", *schedule,
-                  "SVI step size: robbins-monro (rho_t = (tau0 + t)^-kappa) | adaptive "
-                  "(Ranganath et al. 2013)")
-      ->check(CLI::IsMember({"robbins-monro", "rm", "adaptive"}))
-      ->capture_default_str();
-  auto* tau0 = fit->add_option("--tau0", o->tau0,
-                               "SVI robbins-monro: step size delay, rho_t = (tau0 + t)^-kappa at "
-                               "the t-th minibatch (t >= 1), as in lda fit and hmm fit")
-                   ->capture_default_str();
-  fit->add_option("--kappa", o->kappa, "SVI robbins-monro: step size decay, in [0, 1]")
-      ->capture_default_str();
-  fit->add_option("--adaptive-memory", o->adaptive_memory,
-                  "SVI adaptive: the initial memory tau_1 >= 1 of the moving averages")
-      ->capture_default_str();
-  engine::add_renamed_option(fit, "--omega", "--tau0", o->tau0, ctx);
-  engine::add_renamed_option(fit, "--delta", "--kappa", o->kappa, ctx);
-  fit->add_flag("--stream", o->stream,
-                "Read rows from the file per minibatch / chunk; never hold the whole dataset");
-  fit->add_option("--chunk-rows", o->chunk_rows, "Rows per chunk of a streamed full pass");
-  fit->add_flag("--fast-reduce", o->fast_reduce,
-                "Sum statistics in plain double instead of exactly: faster, but results then "
-                "change in their last bits with the number of ranks and threads "
-                "(docs/reproducibility.md)");
-  fit->add_option("--precision", *precision,
-                  "double | single: float32 products in the full-covariance E-step, double "
-                  "sums (faster at large D; results change by the float rounding)")
-      ->check(CLI::IsMember({"double", "single"}))
-      ->capture_default_str();
-  fit->add_option("--full-elbo-every", o->full_elbo_every,
-                  "SVI: also compute the full ELBO every S steps (not timed)");
-  fit->add_option("--heldout", o->heldout,
-                  "Held-out FILE.h5[:/path]: report its average log predictive density");
-  fit->add_option("--out", o->out, "Model file to write (HDF5)");
-  fit->add_option("--labels", o->labels, "Per-row labels file to write (HDF5, /labels)");
-  fit->add_flag("--save-responsibilities", o->save_responsibilities,
-                "Also write /responsibilities (N x K) to the labels file");
+  add_svi_options(fit, *o, *c, ctx);
+  add_io_options(fit, *o, *c);
   engine::add_checkpoint_options(fit, o->checkpoint, o->checkpoint_every, o->resume,
                                  "CAVI/EM iterations, SVI minibatch steps");
-  fit->callback([&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar, tau0] {
+  fit->callback([&ctx, o, c] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    const bool reg_covar_given = reg_covar->count() > 0, tau0_given = tau0->count() > 0;
-    ctx.action = [&ctx, o, cov, algorithm, weights, schedule, precision, reg_covar_given,
-                  tau0_given] {
-      // The variational fits regularise through the Wishart prior; an ignored --reg-covar would
-      // leave a user believing their covariances were regularised.
-      if (reg_covar_given && *algorithm != "em")
-        throw Error(
-            "--reg-covar applies to --algorithm em only (cavi and svi regularise the "
-            "covariances through the prior: --nu0, --prior-scale)");
-      o->covariance = gmm::parse_covariance(*cov);
-      o->precision = gmm::parse_precision(*precision);
-      o->algorithm = gmm::parse_algorithm(*algorithm);
-      o->weights = gmm::parse_weight_prior(*weights);
-      o->schedule = gmm::parse_schedule(*schedule);
-      // --tau0 was the adaptive schedule's memory before it became the Robbins-Monro delay of
-      // every model: refused there rather than silently ignored.
-      if (tau0_given && o->schedule == gmm::Schedule::kAdaptive)
-        throw Error(
-            "--tau0 is the robbins-monro step size delay; the adaptive schedule's initial "
-            "memory is --adaptive-memory");
-      o->command = ctx.command_line;
-      o->version = CAVIAR_VERSION;
-      print_progress(ctx, "caviar gmm fit: " + o->data + ", K=" + std::to_string(o->components) +
-                              ", " + *algorithm + ", " + *cov + " covariance, " + *weights +
-                              " weights, " + std::to_string(ctx.comm->size()) + " ranks x " +
-                              std::to_string(max_threads()) + " threads");
-      const auto alg = o->algorithm;
-      const auto r = gmm::fit(*ctx.comm, *o, [&ctx, alg](const gmm::IterationReport& it) {
-        char line[200];
-        if (alg == gmm::Algorithm::kSvi)
-          std::snprintf(line, sizeof line,
-                        "epoch %4d  avg stochastic elbo % .10e  rel %9.3e  steps %lld  rho %.3e  "
-                        "%8.3fs",
-                        it.iteration, it.elbo, it.rel_change, static_cast<long long>(it.steps),
-                        it.rho, it.seconds);
-        else
-          std::snprintf(line, sizeof line, "iter %4d  %s % .10e  rel %9.3e  %8.3fs", it.iteration,
-                        alg == gmm::Algorithm::kEm ? "loglik" : "elbo", it.elbo, it.rel_change,
-                        it.seconds);
-        print_progress(ctx, line);
-      });
-      if (!o->out.empty()) print_progress(ctx, "wrote model " + o->out);
-      if (!o->labels.empty()) print_progress(ctx, "wrote labels " + o->labels);
-      nlohmann::ordered_json j;
-      if (alg == gmm::Algorithm::kEm) {
-        j["log_likelihood"] = r.elbo;
-        j["lower_bound"] = r.elbo / static_cast<double>(r.n);  // sklearn's lower_bound_
-      } else {
-        j["elbo"] = r.elbo;
-      }
-      j["algorithm"] = *algorithm;
-      j["iterations"] = r.iterations;
-      if (alg == gmm::Algorithm::kSvi) j["steps"] = r.steps;
-      j["stop_reason"] = r.stop_reason;
-      if (r.heldout) j["heldout"] = *r.heldout;
-      j["converged"] = r.converged;
-      if (!r.start_bounds.empty()) {
-        j["n_init_bounds"] = r.start_bounds;
-        j["best_start"] = r.best_start;
-      }
-      j["seconds"] = r.seconds;
-      j["loop_seconds"] = r.loop_seconds;
-      j["allreduce_seconds"] = {r.allreduce_seconds_min, r.allreduce_seconds_max};  // min, max
-      j["n"] = r.n;
-      j["ranks"] = ctx.comm->size();
-      j["threads"] = max_threads();
-      print_summary(ctx, j);
-    };
+    ctx.action = [&ctx, o, c] { run_fit(ctx, *o, *c); };
   });
+}
 
-  // score
+void add_score_command(CLI::App* gmm, Context& ctx) {
   auto model = std::make_shared<std::string>();
   auto data = std::make_shared<std::string>();
   auto* score = gmm->add_subcommand("score", "Average held-out log predictive density");
@@ -253,8 +278,11 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // predict
+void add_predict_command(CLI::App* gmm, Context& ctx) {
+  auto model = std::make_shared<std::string>();
+  auto data = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
   auto save_resp = std::make_shared<bool>(false);
   auto* predict = gmm->add_subcommand("predict", "Write the most probable component of each row");
@@ -271,8 +299,25 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       print_summary(ctx, j);
     };
   });
+}
 
-  // sample: rows from a fitted model (--model), or a Gibbs chain on data (--data)
+// An option of the gmm sample mode not chosen, given anyway ("" if none): named, not silently
+// ignored. Drawing rows from a model takes only --model, --n, --seed and --out; a chain takes all
+// but --model, --n.
+std::string stray_option(const CLI::App* sample, bool with_data) {
+  for (const auto* opt : sample->get_options()) {
+    const std::string& name = opt->get_name();
+    const bool rows_only = name == "--model" || name == "--n";
+    const bool both = name == "--seed" || name == "--out" || name == "--help";
+    if (opt->count() > 0 && !both && rows_only != !with_data) return name;
+  }
+  return "";
+}
+
+// gmm sample: rows from a fitted model (--model), or a Gibbs chain on data (--data).
+void add_sample_command(CLI::App* gmm, Context& ctx) {
+  auto model = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
   auto n_rows = std::make_shared<std::int64_t>(0);
   auto seed = std::make_shared<std::uint64_t>(0);
   auto chain = std::make_shared<gmm::ChainOptions>();
@@ -319,17 +364,7 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       ->capture_default_str();
   sample->add_option("--kmeans-iter", chain->fit.kmeans_iter, "Lloyd steps after k-means++ seeding")
       ->capture_default_str();
-  sample->add_option("--alpha0", chain->fit.alpha0, "Dirichlet weight concentration (default 1/K)");
-  sample->add_option("--beta0", chain->fit.beta0, "Mean precision scaling (default 1)");
-  sample->add_option("--nu0", chain->fit.nu0, "Wishart degrees of freedom (default D)");
-  sample->add_option("--prior-mean", chain->fit.prior_mean, "zero | data (m0 = data mean)")
-      ->check(CLI::IsMember({"zero", "data"}))
-      ->capture_default_str();
-  sample
-      ->add_option("--prior-scale", chain->fit.prior_scale,
-                   "identity | data (W0^-1 = data covariance)")
-      ->check(CLI::IsMember({"identity", "data"}))
-      ->capture_default_str();
+  add_prior_options(sample, chain->fit);
   sample->add_option("--heldout", chain->fit.heldout,
                      "--data: held-out FILE.h5[:/path]: its average log predictive density "
                      "under each sweep's parameters (trace/heldout)");
@@ -340,15 +375,7 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   sample->callback([&ctx, sample, model, n_rows, seed, out, chain, chain_cov, chain_init, files] {
     const bool with_data = !chain->fit.data.empty();
     if (with_data) ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    // The options of the mode not chosen, given anyway: named, not silently ignored. Drawing rows
-    // from a model takes only --model, --n, --seed and --out; a chain takes all but --model, --n.
-    std::string stray;
-    for (const auto* opt : sample->get_options()) {
-      const std::string& name = opt->get_name();
-      const bool rows_only = name == "--model" || name == "--n";
-      const bool both = name == "--seed" || name == "--out" || name == "--help";
-      if (opt->count() > 0 && stray.empty() && !both && rows_only != !with_data) stray = name;
-    }
+    const std::string stray = stray_option(sample, with_data);
     ctx.action = [&ctx, model, n_rows, seed, out, chain, chain_cov, chain_init, files, with_data,
                   stray] {
       if (with_data == !model->empty())
@@ -369,6 +396,18 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
       run_chain(ctx, *chain, *chain_cov, *chain_init, *seed, *out, *files);
     };
   });
+}
+
+}  // namespace
+
+void add_gmm_commands(CLI::App& cli, Context& ctx) {
+  auto* gmm = cli.add_subcommand("gmm", "Gaussian mixture: variational Bayes (CAVI, SVI) or EM");
+  gmm->require_subcommand(1);
+  engine::add_compare_command(gmm, ctx, "gmm");
+  add_fit_command(gmm, ctx);
+  add_score_command(gmm, ctx);
+  add_predict_command(gmm, ctx);
+  add_sample_command(gmm, ctx);
 }
 
 }  // namespace caviar::app
