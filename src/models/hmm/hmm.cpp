@@ -146,9 +146,11 @@ struct Model::Work {
   // T x K: emissions (log, then scaled), scaled forward and backward, and u_t = b_t o beta_t / c_t
   RowMatrix b, alpha, beta, u;
   Eigen::VectorXd c;
-  Eigen::MatrixXd dxt;               // D x T: a state's centred steps (Gaussian)
-  RowMatrix xi;                      // K x K
-  std::vector<double> occ, sx, sxx;  // per-sequence Gaussian moments
+  RowMatrix dx;       // D x chunk: a state's centred steps, then whitened (Gaussian)
+  Eigen::ArrayXXd q;  // 1 x chunk: their squared norms
+  RowMatrix xi;       // K x K
+  std::vector<double> occ;
+  RowMatrix sx, sxx, xx;  // per-sequence Gaussian moments (K x D, K x D^2) and x_t x_t' (T x D^2)
   void reserve(std::int64_t t, int k) {
     if (b.rows() < t || b.cols() != k) {
       b.resize(t, k);
@@ -351,21 +353,32 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
     }
     return;
   }
-  // One state at a time over the whole sequence: (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) =
-  // |y_t|^2 with L_k y_t = x_t - mu_k, a triangular solve with T right-hand sides (one TRSM, not
-  // T small solves).
+  // One state at a time over chunks of kChunk steps (the D x kChunk block stays in the L1 cache):
+  // (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k, the forward
+  // substitution done for all the chunk's steps at once, row by row, so that every operation is a
+  // vector operation over steps.
+  constexpr std::int64_t kChunk = 256;
   const bool diag = cfg_.covariance == Covariance::kDiag;
-  for (int k = 0; k < k_; ++k) {
-    w.dxt.noalias() = (s.x.middleRows(t0, T).rowwise() - means_.row(k)).transpose();
-    const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
-    if (diag) {
-      w.dxt.array().colwise() /= c.diagonal().array().sqrt();
-    } else {
-      chol_[static_cast<std::size_t>(k)].triangularView<Eigen::Lower>().solveInPlace(w.dxt);
+  for (std::int64_t t1 = 0; t1 < T; t1 += kChunk) {
+    const std::int64_t n = std::min(kChunk, T - t1);
+    w.dx.resize(d_, n);
+    for (int k = 0; k < k_; ++k) {
+      w.dx.noalias() = (s.x.middleRows(t0 + t1, n).rowwise() - means_.row(k)).transpose();
+      const RowMatrix& l =
+          diag ? cov_[static_cast<std::size_t>(k)] : chol_[static_cast<std::size_t>(k)];
+      for (int i = 0; i < d_; ++i) {
+        if (diag) {
+          w.dx.row(i) /= std::sqrt(l(i, i));
+          continue;
+        }
+        for (int j = 0; j < i; ++j) w.dx.row(i) -= l(i, j) * w.dx.row(j);
+        w.dx.row(i) /= l(i, i);
+      }
+      w.q = w.dx.row(0).array().square();
+      for (int i = 1; i < d_; ++i) w.q += w.dx.row(i).array().square();
+      w.b.col(k).segment(t1, n) =
+          (gauss_const_[k] - 0.5 * quad_scale_[k] * w.q).matrix().transpose();
     }
-    w.b.col(k).head(T) =
-        (gauss_const_[k] - 0.5 * quad_scale_[k] * w.dxt.colwise().squaredNorm().array())
-            .transpose();
   }
 }
 
@@ -390,7 +403,7 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
   m = b.rowwise().maxCoeff();
   for (std::int64_t t = 0; t < T; ++t) ll += m[t];
   if (!std::isfinite(ll)) return -kInf;
-  b.array() = (b.array().colwise() - m.array()).exp();
+  for (std::int64_t t = 0; t < T; ++t) b.row(t).array() = (b.row(t).array() - m[t]).exp();
   return ll;
 }
 
@@ -460,24 +473,20 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   }
   const bool diag = cfg_.covariance == Covariance::kDiag;
   const int second = diag ? d_ : d_ * d_;
-  w.sx.assign(static_cast<std::size_t>(K * d_), 0.0);
-  w.sxx.assign(static_cast<std::size_t>(K * second), 0.0);
-  for (std::int64_t t = 0; t < T; ++t) {
-    const double* x = &s.x(t0 + t, 0);
-    for (int k = 0; k < K; ++k) {
-      const double g = w.alpha(t, k);
-      double* sx = &w.sx[static_cast<std::size_t>(k * d_)];
-      double* sxx = &w.sxx[static_cast<std::size_t>(k * second)];
-      for (int i = 0; i < d_; ++i) {
-        const double gx = g * x[i];
-        sx[i] += gx;
-        if (diag)
-          sxx[i] += gx * x[i];
-        else
-          for (int j = 0; j < d_; ++j) sxx[i * d_ + j] += gx * x[j];
-      }
+  // The weighted moments as two GEMMs over the sequence (Bishop 2006, eqs 13.20-13.21 need
+  // sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'): S_x = Gamma' X and S_xx = Gamma' Q, where
+  // row t of Q is x_t x_t' flattened (diag: the squares of x_t).
+  const auto x = s.x.middleRows(t0, T);
+  w.xx.resize(T, second);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < d_; ++i) {
+      if (diag)
+        w.xx(t, i) = x(t, i) * x(t, i);
+      else
+        for (int j = 0; j < d_; ++j) w.xx(t, i * d_ + j) = x(t, i) * x(t, j);
     }
-  }
+  w.sx.noalias() = w.alpha.topRows(T).transpose() * x;
+  w.sxx.noalias() = w.alpha.topRows(T).transpose() * w.xx;
   stats->add(kSx, 0, w.sx.data(), K * d_);
   stats->add(kSxx, 0, w.sxx.data(), K * second);
   return ll;
