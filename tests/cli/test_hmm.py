@@ -32,30 +32,12 @@ from scipy.special import digamma, gammaln, multigammaln
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
+from hmm_reference import expected_counts, log_gauss, read_data, read_model, write_data  # noqa: E402
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
 checks = Checks(caviar)
 check, run = checks.check, checks.run
-
-
-def write_data(f, seqs):
-    """The layout hmm reads: /X every step of every sequence, /offsets n+1 boundaries."""
-    with h5py.File(f, "w") as h:
-        h["X"] = np.concatenate(seqs)
-        h["offsets"] = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-
-
-def read_data(f):
-    with h5py.File(f, "r") as h:
-        x, off = h["X"][()], h["offsets"][()]
-    return [x[off[i]:off[i + 1]] for i in range(len(off) - 1)]
-
-
-def log_gauss(x, mean, cov):
-    d = x - mean
-    _, logdet = np.linalg.slogdet(cov)
-    return -0.5 * (len(mean) * np.log(2 * np.pi) + logdet + d @ np.linalg.solve(cov, d))
 
 
 # --- brute force on tiny chains ------------------------------------------------------------------
@@ -124,50 +106,6 @@ for emission, cov_kind in [("categorical", None), ("gaussian", "full"), ("gaussi
             got = h["states"][()]
         check(got.dtype == np.int64 and np.array_equal(got, np.concatenate(ref_paths)),
               f"{emission} {cov_kind or ''} Viterbi at {ranks} rank(s) == brute-force argmax path")
-
-
-# --- NumPy reference of one EM / CAVI step -------------------------------------------------------
-def forward_backward(pi, A, logb):
-    """Scaled forward-backward (Rabiner 1989): log Z, gamma (T x K), summed xi (K x K)."""
-    T, K = logb.shape
-    m = logb.max(1, keepdims=True)
-    b = np.exp(logb - m)
-    al, c = np.zeros((T, K)), np.zeros(T)
-    for t in range(T):
-        al[t] = (pi if t == 0 else al[t - 1] @ A) * b[t]
-        c[t] = al[t].sum()
-        al[t] /= c[t]
-    be = np.ones((T, K))
-    xi = np.zeros((K, K))
-    for t in range(T - 2, -1, -1):
-        u = b[t + 1] * be[t + 1] / c[t + 1]
-        be[t] = A @ u
-        xi += np.outer(al[t], u) * A
-    return np.log(c).sum() + m.sum(), al * be, xi
-
-
-def expected_counts(seqs, pi, A, logb_fn, K):
-    ll, st, tr, gam = 0.0, np.zeros(K), np.zeros((K, K)), []
-    for x in seqs:
-        l, g, xi = forward_backward(pi, A, logb_fn(x))
-        ll += l
-        st += g[0]
-        tr += xi
-        gam.append(g)
-    return ll, st, tr, gam
-
-
-def read_model(f):
-    with h5py.File(f, "r") as h:
-        out = {k: h[k][()] for k in ("startprob", "transmat", "emissionprob", "means",
-                                     "covariances") if k in h}
-        for g in ("posterior", "prior"):
-            if g in h:
-                for k in h[g]:
-                    out[g + "/" + k] = h[g][k][()]
-        out["trace"] = h["trace/objective"][()]
-        out["attrs"] = dict(h.attrs)
-    return out
 
 
 def elog_dir(a):

@@ -68,6 +68,39 @@ double kl_normal_wishart(int p, double beta, double nu, double beta0, double nu0
                         0.5 * (nu0 - p - 1) * e_logdet - 0.5 * nu * w.trace_w0inv_w;
   return e_ln_q - e_ln_p;
 }
+// y = x' M for a row-major k x k matrix M. Each output block of W columns is summed in registers
+// over i = 0..k-1, so M streams through once and y is written once; W = 32 doubles keeps eight
+// 256-bit accumulators, enough independent FMA chains to cover the FMA latency. Every y_j is the
+// same sequence of FMAs wherever the vector sits in memory: the results are bitwise independent
+// of the thread and of the sequence's place in the shard.
+template <int W>
+void vec_mat_block(const double* x, const double* m, int k, int j0, double* y) {
+  double acc[W] = {};
+  for (int i = 0; i < k; ++i) {
+    const double xi = x[i];
+    const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
+    for (int j = 0; j < W; ++j) acc[j] += xi * r[j];
+  }
+  for (int j = 0; j < W; ++j) y[j0 + j] = acc[j];
+}
+
+void vec_mat(const double* x, const double* m, int k, double* y) {
+  int j = 0;
+  for (; j + 32 <= k; j += 32) vec_mat_block<32>(x, m, k, j, y);
+  if (j + 16 <= k) {
+    vec_mat_block<16>(x, m, k, j, y);
+    j += 16;
+  }
+  if (j + 8 <= k) {
+    vec_mat_block<8>(x, m, k, j, y);
+    j += 8;
+  }
+  if (j + 4 <= k) {
+    vec_mat_block<4>(x, m, k, j, y);
+    j += 4;
+  }
+  for (; j < k; ++j) vec_mat_block<1>(x, m, k, j, y);
+}
 }  // namespace
 
 const char* name(Emission e) {
@@ -110,21 +143,29 @@ Stats& Stats::operator+=(const Stats& o) {
 // --- Model
 
 struct Model::Work {
-  RowMatrix b, alpha, beta;  // T x K: emissions (log, then scaled), scaled forward and backward
-  Eigen::VectorXd c, u;
-  RowMatrix xi;                      // K x K
-  std::vector<double> occ, sx, sxx;  // per-sequence Gaussian moments
+  // T x K: emissions (log, then scaled), scaled forward and backward, and u_t = b_t o beta_t / c_t
+  RowMatrix b, alpha, beta, u;
+  Eigen::VectorXd c;
+  RowMatrix dx;       // D x chunk: a state's centred steps, then whitened (Gaussian)
+  Eigen::ArrayXXd q;  // 1 x chunk: their squared norms
+  RowMatrix xi;       // K x K
+  std::vector<double> occ;
+  RowMatrix sx, sxx, xx;  // per-sequence Gaussian moments (K x D, K x D^2) and x_t x_t' (T x D^2)
   void reserve(std::int64_t t, int k) {
-    if (b.rows() < t) {
+    if (b.rows() < t || b.cols() != k) {
       b.resize(t, k);
       alpha.resize(t, k);
       beta.resize(t, k);
+      u.resize(t, k);
       c.resize(t);
     }
-    if (u.size() != k) u.resize(k);
     if (xi.rows() != k) xi.resize(k, k);
   }
 };
+
+void Model::WorkDeleter::operator()(Work* w) const {
+  delete w;
+}
 
 Model::Model(const Config& cfg, const SequenceSource* seqs, const DataSummary& data)
     : cfg_(cfg),
@@ -226,6 +267,7 @@ void Model::refresh() {
     pi_ = p_start_;
     a_ = p_trans_;
   }
+  a_tr_ = a_.transpose();
   if (v_ > 0) {
     log_b_t_.resize(v_, k_);
     std::vector<double> row(static_cast<std::size_t>(v_));
@@ -237,6 +279,12 @@ void Model::refresh() {
           row[static_cast<std::size_t>(v)] = std::log(p_emit_(k, v));
       for (std::int64_t v = 0; v < v_; ++v) log_b_t_(v, k) = row[static_cast<std::size_t>(v)];
     }
+    emit_max_ = log_b_t_.rowwise().maxCoeff();
+    emit_scaled_.resize(v_, k_);
+    for (std::int64_t v = 0; v < v_; ++v)
+      for (int k = 0; k < k_; ++k)
+        emit_scaled_(v, k) =
+            std::isfinite(emit_max_[v]) ? std::exp(log_b_t_(v, k) - emit_max_[v]) : 0;
   }
   if (d_ > 0) {
     chol_.assign(static_cast<std::size_t>(k_), RowMatrix());
@@ -305,30 +353,58 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
     }
     return;
   }
+  // One state at a time over chunks of kChunk steps (the D x kChunk block stays in the L1 cache):
+  // (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k, the forward
+  // substitution done for all the chunk's steps at once, row by row, so that every operation is a
+  // vector operation over steps.
+  constexpr std::int64_t kChunk = 256;
   const bool diag = cfg_.covariance == Covariance::kDiag;
-  std::vector<double> dx(static_cast<std::size_t>(d_));
-  for (std::int64_t t = 0; t < T; ++t) {
-    const double* x = &s.x(t0 + t, 0);
+  for (std::int64_t t1 = 0; t1 < T; t1 += kChunk) {
+    const std::int64_t n = std::min(kChunk, T - t1);
+    w.dx.resize(d_, n);
     for (int k = 0; k < k_; ++k) {
-      for (int j = 0; j < d_; ++j) dx[static_cast<std::size_t>(j)] = x[j] - means_(k, j);
-      double q = 0;
-      if (diag) {
-        const RowMatrix& c = cov_[static_cast<std::size_t>(k)];
-        for (int j = 0; j < d_; ++j) q += dx[j] * dx[j] / c(j, j);
-      } else {
-        // (x - mu)' (L L')^-1 (x - mu) = |y|^2 with L y = x - mu, by forward substitution.
-        const RowMatrix& l = chol_[static_cast<std::size_t>(k)];
-        for (int i = 0; i < d_; ++i) {
-          double r = dx[static_cast<std::size_t>(i)];
-          for (int j = 0; j < i; ++j) r -= l(i, j) * dx[static_cast<std::size_t>(j)];
-          r /= l(i, i);
-          dx[static_cast<std::size_t>(i)] = r;
-          q += r * r;
+      w.dx.noalias() = (s.x.middleRows(t0 + t1, n).rowwise() - means_.row(k)).transpose();
+      const RowMatrix& l =
+          diag ? cov_[static_cast<std::size_t>(k)] : chol_[static_cast<std::size_t>(k)];
+      for (int i = 0; i < d_; ++i) {
+        if (diag) {
+          w.dx.row(i) /= std::sqrt(l(i, i));
+          continue;
         }
+        for (int j = 0; j < i; ++j) w.dx.row(i) -= l(i, j) * w.dx.row(j);
+        w.dx.row(i) /= l(i, i);
       }
-      w.b(t, k) = gauss_const_[k] - 0.5 * quad_scale_[k] * q;
+      w.q = w.dx.row(0).array().square();
+      for (int i = 1; i < d_; ++i) w.q += w.dx.row(i).array().square();
+      w.b.col(k).segment(t1, n) =
+          (gauss_const_[k] - 0.5 * quad_scale_[k] * w.q).matrix().transpose();
     }
   }
+}
+
+double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
+  const std::int64_t t0 = s.offsets[seq], T = s.length(seq);
+  double ll = 0;
+  if (v_ > 0) {
+    // The table of B^T with each symbol's row divided by its largest entry, made once per
+    // refresh: no logarithm or exponential per step.
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int32_t v = s.symbols[static_cast<std::size_t>(t0 + t)];
+      ll += emit_max_[v];
+      std::copy_n(&emit_scaled_(v, 0), k_, &w.b(t, 0));
+    }
+    return ll;
+  }
+  log_emissions(s, seq, w);
+  // The whole block at once (Eigen's vectorised exp): each step's log emissions less their
+  // maximum, exponentiated; the maxima go back into the log-likelihood.
+  auto b = w.b.topRows(T);
+  auto m = w.c.head(T);  // the forward pass overwrites c afterwards
+  m = b.rowwise().maxCoeff();
+  for (std::int64_t t = 0; t < T; ++t) ll += m[t];
+  if (!std::isfinite(ll)) return -kInf;
+  for (std::int64_t t = 0; t < T; ++t) b.row(t).array() = (b.row(t).array() - m[t]).exp();
+  return ll;
 }
 
 double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
@@ -336,18 +412,8 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   const std::int64_t T = s.length(seq), t0 = s.offsets[seq];
   const int K = k_;
   w.reserve(T, K);
-  log_emissions(s, seq, w);
-  double ll = 0;
-  // The whole block at once: each step's log emissions less their maximum, exponentiated; the
-  // maxima go back into the log-likelihood.
-  for (std::int64_t t = 0; t < T; ++t) {
-    double* b = &w.b(t, 0);
-    double m = -kInf;
-    for (int k = 0; k < K; ++k) m = std::max(m, b[k]);
-    if (!std::isfinite(m)) return -kInf;  // no state can emit x_t
-    for (int k = 0; k < K; ++k) b[k] = std::exp(b[k] - m);
-    ll += m;
-  }
+  double ll = scaled_emissions(s, seq, w);
+  if (!std::isfinite(ll)) return -kInf;  // no state can emit some x_t
   // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
   for (std::int64_t t = 0; t < T; ++t) {
@@ -356,13 +422,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     if (t == 0) {
       for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
     } else {
-      const double* prev = &w.alpha(t - 1, 0);
-      std::fill_n(a, K, 0.0);
-      for (int i = 0; i < K; ++i) {
-        const double pi = prev[i];
-        const double* ai = &a_(i, 0);
-        for (int j = 0; j < K; ++j) a[j] += pi * ai[j];
-      }
+      vec_mat(&w.alpha(t - 1, 0), a_.data(), K, a);
       for (int k = 0; k < K; ++k) a[k] *= b[k];
     }
     double c = 0;
@@ -374,29 +434,25 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     ll += std::log(c);
   }
   if (!stats && !gamma) return ll;
-  // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_t = A (b_{t+1} o beta_{t+1}) /
-  // c_{t+1}; the expected transitions xi_t(i, j) = alpha_t(i) A_ij b_{t+1}(j) beta_{t+1}(j) /
-  // c_{t+1} (Bishop 13.65) are summed over t as they go by.
-  w.xi.setZero();
+  // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_t = A u_{t+1} with u_{t+1} =
+  // b_{t+1} o beta_{t+1} / c_{t+1}, a vector-matrix product against A' as the forward's is
+  // against A. The expected transitions (Bishop 13.65) summed over t are
+  //   sum_t xi_t(i, j) = A_ij sum_t alpha_t(i) u_{t+1}(j),
+  // one GEMM over the whole sequence after the recursion rather than a K x K update per step.
   std::fill_n(&w.beta(T - 1, 0), K, 1.0);
-  for (std::int64_t t = T - 2; t >= 0; --t) {
-    const double* bn = &w.b(t + 1, 0);
-    const double* betan = &w.beta(t + 1, 0);
-    const double inv = 1.0 / w.c[t + 1];
-    for (int j = 0; j < K; ++j) w.u[j] = bn[j] * betan[j] * inv;
-    double* be = &w.beta(t, 0);
-    const double* al = &w.alpha(t, 0);
-    for (int i = 0; i < K; ++i) {
-      const double* ai = &a_(i, 0);
-      double* xi = &w.xi(i, 0);
-      double r = 0;
-      for (int j = 0; j < K; ++j) {
-        const double p = ai[j] * w.u[j];
-        r += p;
-        xi[j] += al[i] * p;
-      }
-      be[i] = r;
-    }
+  for (std::int64_t t = T - 1; t > 0; --t) {
+    const double* b = &w.b(t, 0);
+    const double* be = &w.beta(t, 0);
+    double* u = &w.u(t, 0);
+    const double inv = 1.0 / w.c[t];
+    for (int j = 0; j < K; ++j) u[j] = b[j] * be[j] * inv;
+    vec_mat(u, a_tr_.data(), K, &w.beta(t - 1, 0));
+  }
+  if (stats && T > 1) {
+    w.xi.noalias() = w.alpha.topRows(T - 1).transpose() * w.u.middleRows(1, T - 1);
+    w.xi.array() *= a_.array();
+  } else {
+    w.xi.setZero();
   }
   // gamma_t = alpha_t o beta_t (Bishop 13.64), kept in alpha.
   for (std::int64_t t = 0; t < T; ++t)
@@ -417,24 +473,20 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   }
   const bool diag = cfg_.covariance == Covariance::kDiag;
   const int second = diag ? d_ : d_ * d_;
-  w.sx.assign(static_cast<std::size_t>(K * d_), 0.0);
-  w.sxx.assign(static_cast<std::size_t>(K * second), 0.0);
-  for (std::int64_t t = 0; t < T; ++t) {
-    const double* x = &s.x(t0 + t, 0);
-    for (int k = 0; k < K; ++k) {
-      const double g = w.alpha(t, k);
-      double* sx = &w.sx[static_cast<std::size_t>(k * d_)];
-      double* sxx = &w.sxx[static_cast<std::size_t>(k * second)];
-      for (int i = 0; i < d_; ++i) {
-        const double gx = g * x[i];
-        sx[i] += gx;
-        if (diag)
-          sxx[i] += gx * x[i];
-        else
-          for (int j = 0; j < d_; ++j) sxx[i * d_ + j] += gx * x[j];
-      }
+  // The weighted moments as two GEMMs over the sequence (Bishop 2006, eqs 13.20-13.21 need
+  // sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'): S_x = Gamma' X and S_xx = Gamma' Q, where
+  // row t of Q is x_t x_t' flattened (diag: the squares of x_t).
+  const auto x = s.x.middleRows(t0, T);
+  w.xx.resize(T, second);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int i = 0; i < d_; ++i) {
+      if (diag)
+        w.xx(t, i) = x(t, i) * x(t, i);
+      else
+        for (int j = 0; j < d_; ++j) w.xx(t, i * d_ + j) = x(t, i) * x(t, j);
     }
-  }
+  w.sx.noalias() = w.alpha.topRows(T).transpose() * x;
+  w.sxx.noalias() = w.alpha.topRows(T).transpose() * w.xx;
   stats->add(kSx, 0, w.sx.data(), K * d_);
   stats->add(kSxx, 0, w.sxx.data(), K * second);
   return ll;
@@ -459,12 +511,12 @@ void Model::local_step(const Sequences& s, Stats& stats, std::span<double> terms
   // the totals do not depend on which thread took which sequence.
   while (static_cast<int>(work_.size()) < n_threads - 1) work_.push_back(make_stats());
   for (int t = 0; t < n_threads - 1; ++t) work_[static_cast<std::size_t>(t)].set_zero();
-  std::vector<Work> work(static_cast<std::size_t>(n_threads));
+  while (static_cast<int>(fb_work_.size()) < n_threads) fb_work_.emplace_back(new Work);
   parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
     Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
+    Work& w = *fb_work_[static_cast<std::size_t>(tid)];
     for (std::int64_t q = s0; q < s1; ++q)
-      terms[static_cast<std::size_t>(q)] =
-          forward_backward(s, q, work[static_cast<std::size_t>(tid)], &acc, nullptr);
+      terms[static_cast<std::size_t>(q)] = forward_backward(s, q, w, &acc, nullptr);
   });
   for (int t = 0; t < n_threads - 1; ++t) stats += work_[static_cast<std::size_t>(t)];
 }

@@ -33,6 +33,7 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -182,6 +183,9 @@ class Model {
   struct Work;
   // Log emission block of one sequence (T x K) into w.
   void log_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
+  // Emission probabilities of one sequence into w.b, each step's divided by its largest; returns
+  // the sum of the logarithms of those maxima (-inf if some step no state can emit).
+  double scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
   // Scaled forward-backward of one sequence; returns its log-likelihood (log Z for VB). With
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
@@ -216,12 +220,22 @@ class Model {
   // Derived: the forward-backward's parameters.
   Eigen::VectorXd pi_;
   RowMatrix a_, log_b_t_;  // A (K x K); categorical: log B^T (V x K)
+  RowMatrix a_tr_;         // A' (the backward recursion's vector-matrix product)
+  // Categorical: exp(log B^T - its row maxima) (V x K) and the row maxima (V).
+  RowMatrix emit_scaled_;
+  Eigen::VectorXd emit_max_;
   // Gaussian, full: the lower Cholesky factor L_k of cov_[k]; the expected precision is
   // quad_scale_[k] (L_k L_k')^-1 (EM: 1; VB: nu_k), applied by a triangular solve.
   std::vector<RowMatrix> chol_;
   Eigen::VectorXd quad_scale_;
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
   std::vector<Stats> work_;
+  // Per-thread forward-backward buffers, kept across local steps so that the T x K matrices are
+  // not allocated (and first touched) again at every iteration.
+  struct WorkDeleter {
+    void operator()(Work* w) const;
+  };
+  std::vector<std::unique_ptr<Work, WorkDeleter>> fb_work_;
 };
 
 }  // namespace caviar::hmm

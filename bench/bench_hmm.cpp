@@ -1,0 +1,140 @@
+// Google Benchmark of the HMM's forward-backward with statistics (one EM local step, one rank) for
+// K = 8, 32, 64, 128 states on categorical (V = 32) and Gaussian (D = 4, full) emissions, in two
+// layouts of the same 10^5 steps: one long sequence (one thread can work on it) and 1000
+// sequences of 100 steps (OpenMP over sequences, OMP_NUM_THREADS threads).
+//
+//   OMP_NUM_THREADS=1 build/bench/bench_hmm
+//   OMP_NUM_THREADS=2 build/bench/bench_hmm --benchmark_filter='Many'
+//
+// Counters: "GFLOP/s" against 6 T K^2 flops per pass (forward alpha_{t-1}' A, backward A u_t, and
+// the expected transitions sum_t alpha_t u_{t+1}': 2 K^2 each per step; emissions and the
+// statistics of order T K are not counted) per second of wall time; "GFLOP/cpu-s" the same per
+// second of process CPU time (all threads), and "peak" = GFLOP/cpu-s over one core's double
+// precision FMA peak, measured in CPU time at start-up by a loop of independent 256-bit FMAs
+// (printed first). CPU time rather than wall time because these 2 cores are shared: a thread
+// that is descheduled costs wall time but not CPU time, on either side of the ratio.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <vector>
+
+#include "core/parallel.hpp"
+#include "models/hmm/hmm.hpp"
+
+namespace {
+
+using caviar::hmm::Emission;
+using caviar::hmm::Model;
+using caviar::hmm::Sequences;
+
+constexpr std::int64_t kSteps = 100000;
+constexpr int kSymbols = 32, kDim = 4;
+double g_peak = 0;  // GFLOP per CPU second of the FMA loop: one core's peak
+
+// Independent FMA chains, enough to cover the FMA latency on both pipes (Zen 3: 2 pipes x 4
+// cycles); GCC vector extensions contract a * b + c into one vfmadd with -march=native.
+double fma_peak_gflops() {
+  using V4 = double __attribute__((vector_size(32)));
+  constexpr int kChains = 12;
+  constexpr std::int64_t kIters = 20000000;
+  const int threads = caviar::max_threads();
+  std::vector<double> sink(static_cast<std::size_t>(threads));
+  const std::clock_t c0 = std::clock();
+#pragma omp parallel num_threads(threads)
+  {
+    V4 acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = V4{1e-3 * c, 1, 2, 3};
+    const V4 m = {0.999999, 0.999999, 0.999999, 0.999999}, a = {1e-7, 1e-7, 1e-7, 1e-7};
+    for (std::int64_t i = 0; i < kIters; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * m + a;
+    double s = 0;
+    for (int c = 0; c < kChains; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    sink[static_cast<std::size_t>(omp_get_thread_num())] = s;
+  }
+  const double sec = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  benchmark::DoNotOptimize(sink.data());
+  return 2.0 * 4 * kChains * static_cast<double>(kIters) * threads / sec * 1e-9;  // per CPU second
+}
+
+// Random sequences (n of equal length, kSteps in all) and an EM model at random parameters.
+struct Problem {
+  Sequences seqs;
+  caviar::hmm::SequenceSource source;
+  caviar::hmm::DataSummary summary;
+  caviar::hmm::Config cfg;
+  Problem(Emission e, int k, std::int64_t n) {
+    std::mt19937_64 gen(7);
+    const std::int64_t len = kSteps / n;
+    for (std::int64_t q = 0; q < n; ++q) seqs.offsets.push_back((q + 1) * len);
+    if (e == Emission::kCategorical) {
+      std::uniform_int_distribution<int> sym(0, kSymbols - 1);
+      for (std::int64_t t = 0; t < kSteps; ++t) seqs.symbols.push_back(sym(gen));
+    } else {
+      std::normal_distribution<double> normal;
+      seqs.x.resize(kSteps, kDim);
+      for (Eigen::Index i = 0; i < seqs.x.size(); ++i) seqs.x.data()[i] = normal(gen);
+      summary.max_abs = seqs.x.cwiseAbs().maxCoeff();
+      summary.mean.assign(kDim, 0.0);
+      summary.var.assign(kDim, 1.0);
+    }
+    summary.sequences = n;
+    summary.steps = kSteps;
+    source.n = n;
+    source.for_each = [this](const caviar::hmm::SequenceSource::PieceFn& f) { f(seqs, 0); };
+    cfg.states = k;
+    cfg.emission = e;
+    cfg.symbols = kSymbols;
+    cfg.dim = kDim;
+  }
+};
+
+void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
+  const int k = static_cast<int>(state.range(0));
+  Problem p(e, k, n);
+  Model model(p.cfg, &p.source, p.summary);
+  model.init_random(1);
+  auto stats = model.make_stats();
+  std::vector<double> terms(static_cast<std::size_t>(n));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
+  for (auto _ : state) {
+    stats.set_zero();
+    model.local_step(stats, terms);
+    benchmark::DoNotOptimize(terms.data());
+  }
+  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gflop = 6.0 * kSteps * k * k * static_cast<double>(state.iterations()) * 1e-9;
+  const double threads = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
+  state.counters["GFLOP/s"] = gflop / sec;
+  state.counters["GFLOP/cpu-s"] = gflop / cpu;
+  state.counters["peak"] = gflop / cpu / g_peak;
+  state.counters["threads"] = threads;
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  for (int k : {8, 32, 64, 128}) b->Arg(k);
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK_CAPTURE(ForwardBackward, LongCategorical, Emission::kCategorical, 1)->Apply(args);
+BENCHMARK_CAPTURE(ForwardBackward, LongGaussian, Emission::kGaussian, 1)->Apply(args);
+BENCHMARK_CAPTURE(ForwardBackward, ManyCategorical, Emission::kCategorical, 1000)->Apply(args);
+BENCHMARK_CAPTURE(ForwardBackward, ManyGaussian, Emission::kGaussian, 1000)->Apply(args);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  g_peak = fma_peak_gflops();
+  std::printf("FMA peak (double, one core, %d threads): %.1f GFLOP per CPU second\n",
+              caviar::max_threads(), g_peak);
+  benchmark::RunSpecifiedBenchmarks();
+  // Again at the end: on a shared machine the rate available drifts during the run.
+  std::printf("FMA peak at the end: %.1f GFLOP per CPU second\n", fma_peak_gflops());
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,92 @@
+#!/usr/bin/env -S /usr/bin/python3
+"""caviar hmm fit with many states: the forward-backward's vector-matrix kernel works in register
+blocks of 32, 16, 8, 4 and 1 states, and K = 37 (32 + 4 + 1) and K = 61 (32 + 16 + 8 + 4 + 1)
+use every one of them.
+
+- one Baum-Welch step (categorical; Gaussian full and diag) against the NumPy forward-backward,
+  from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood;
+- bitwise identical model files at 1x2 and 2x1 ranks x threads.
+
+usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
+from hmm_reference import expected_counts, read_data, read_model  # noqa: E402
+
+caviar, work = sys.argv[1], sys.argv[2]
+path = fresh_workdir(work)
+checks = Checks(caviar)
+check, run = checks.check, checks.run
+
+
+def fit(data, extra, out, ranks=1, threads=1):
+    return summary(run(["-q", "hmm", "fit", "--data", data, "--out", out, "--tol", "0", "--seed",
+                        "3"] + extra, ranks, threads))
+
+
+def close(a, b):
+    return np.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+run(["-q", "generate", "hmm", "--sequences", "24", "--length", "20-60", "--states", "5",
+     "--emission", "categorical", "--symbols", "7", "--seed", "2", "--out", path("cat.h5")])
+run(["-q", "generate", "hmm", "--sequences", "24", "--length", "20-60", "--states", "5",
+     "--emission", "gaussian", "--dim", "3", "--seed", "3", "--out", path("gau.h5")])
+cat_seqs, gau_seqs = read_data(path("cat.h5")), read_data(path("gau.h5"))
+
+for K in (37, 61):
+    # EM, categorical.
+    fit(path("cat.h5"), ["-k", str(K), "--max-iter", "0"], path(f"c0_{K}.h5"))
+    fit(path("cat.h5"), ["-k", str(K), "--max-iter", "1"], path(f"c1_{K}.h5"))
+    m0, m1 = read_model(path(f"c0_{K}.h5")), read_model(path(f"c1_{K}.h5"))
+    B = m0["emissionprob"]
+    ll, st, tr, gam = expected_counts(cat_seqs, m0["startprob"], m0["transmat"],
+                                      lambda x: np.log(B[:, x].T), K)
+    em = np.zeros_like(B)
+    for x, g in zip(cat_seqs, gam):
+        for v in range(B.shape[1]):
+            em[:, v] += g[x == v].sum(0)
+    check(close(m1["startprob"], st / st.sum()) and close(m1["transmat"], tr / tr.sum(1)[:, None])
+          and close(m1["emissionprob"], em / em.sum(1)[:, None])
+          and abs(m1["trace"][0] - ll) < 1e-10 * abs(ll),
+          f"K = {K}: one Baum-Welch step (categorical) == NumPy, and its log-likelihood")
+
+    # EM, Gaussian, full and diagonal covariances.
+    for cov in ("full", "diag"):
+        args = ["-k", str(K), "--emission", "gaussian", "--covariance", cov, "--min-covar", "1e-3"]
+        fit(path("gau.h5"), args + ["--max-iter", "0"], path(f"g0_{cov}_{K}.h5"))
+        fit(path("gau.h5"), args + ["--max-iter", "1"], path(f"g1_{cov}_{K}.h5"))
+        g0, g1 = read_model(path(f"g0_{cov}_{K}.h5")), read_model(path(f"g1_{cov}_{K}.h5"))
+        covs = g0["covariances"]
+        if covs.ndim == 2:  # diagonal: K x D variances
+            covs = np.array([np.diag(c) for c in covs])
+        prec, logdet = np.linalg.inv(covs), np.linalg.slogdet(covs)[1]
+
+        def logb(x):
+            d = x[:, None, :] - g0["means"][None, :, :]
+            q = np.einsum("tki,kij,tkj->tk", d, prec, d)
+            return -0.5 * (3 * np.log(2 * np.pi) + logdet[None, :] + q)
+
+        ll, st, tr, gam = expected_counts(gau_seqs, g0["startprob"], g0["transmat"], logb, K)
+        X, G = np.concatenate(gau_seqs), np.concatenate(gam)
+        mu = (G.T @ X) / G.sum(0)[:, None]
+        check(close(g1["means"], mu) and close(g1["transmat"], tr / tr.sum(1)[:, None])
+              and abs(g1["trace"][0] - ll) < 1e-10 * abs(ll),
+              f"K = {K}: one Baum-Welch step (Gaussian, {cov}) == NumPy, and its log-likelihood")
+
+# Rank and thread invariance at K = 37, 3 iterations (EM, Gaussian full; CAVI, categorical).
+for name, data, extra in (("gem", "gau.h5", ["--emission", "gaussian"]),
+                          ("cvb", "cat.h5", ["--algorithm", "cavi"])):
+    outs = []
+    for ranks, threads in ((1, 2), (2, 1)):
+        outs.append(path(f"{name}_{ranks}x{threads}.h5"))
+        fit(path(data), ["-k", "37", "--max-iter", "3"] + extra, outs[-1], ranks, threads)
+    diff = h5_differences(*outs)
+    check(not diff, f"K = 37 {name}: bitwise identical at 1x2 and 2x1 {diff}")
+
+checks.finish()
