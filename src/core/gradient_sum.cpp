@@ -21,16 +21,15 @@ template <class T>
 void add_fixed(const T* g, std::int64_t n, int exponent, std::int64_t* acc) {
   const double scale = std::ldexp(1.0, exponent);
   // Multiplying by a power of two is exact; the conversion truncates toward zero, the same way on
-  // every rank, and the integer additions are exact and associative. Scaled values are below
-  // 2^61 unless the gradient is not finite (an infinite or NaN maximum gives exponent 0):
-  // converting those is undefined, so they are clamped to +-2^62 and NaN counts as 0. Such a
-  // step has diverged: the trainer stops before summing it ("training diverged"), since two
-  // clamped values would overflow the sum.
-  constexpr double kMax = 0x1p62;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(g[i]) * scale;
-    acc[i] += x == x ? static_cast<std::int64_t>(std::clamp(x, -kMax, kMax)) : 0;
-  }
+  // every rank, and the integer additions are exact and associative. The caller guarantees that
+  // every value is finite and that the exponent comes from their finite maximum
+  // (fixed_point_exponent), so scaled values stay below 2^61 and the conversion is defined: the
+  // gradient driver stops with "training diverged" on a non-finite maximum and the draws driver
+  // drops non-finite draws, before summing. Clamping here as well made this loop, the hot part of
+  // the VAE's exact reduction, about twice as slow (0.28 against 0.51-0.68 s per 3.2e8 values,
+  // measured) without reaching any value the callers let through.
+  for (std::int64_t i = 0; i < n; ++i)
+    acc[i] += static_cast<std::int64_t>(static_cast<double>(g[i]) * scale);
 }
 
 template <class T>

@@ -9,6 +9,8 @@
 namespace caviar {
 
 int fixed_point_exponent(double max_abs, std::int64_t n_terms);
+// acc += g on the grid 2^-exponent. Every g[i] must be finite and the exponent that of their
+// finite maximum: callers refuse or drop non-finite values first.
 void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc);
 void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
                       float* out);
