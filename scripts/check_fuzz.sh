@@ -38,14 +38,14 @@ if [[ ${#missing[@]} -gt 0 ]]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# 2. A clang build tree of its own (the main build uses GCC). -O1 -g without NDEBUG: Eigen's and
-# caviar's assertions stay on (-Wno-pass-failed: at -O1 clang does not vectorise the
-# `omp simd` loops, and says so for each).
+# 2. A clang build tree of its own (the main build uses GCC). -O1 -g1 (line tables: enough for a
+# crash's stack) without NDEBUG: Eigen's and caviar's assertions stay on (-Wno-pass-failed: at
+# -O1 clang does not vectorise the `omp simd` loops, and says so for each).
 t_build=$(date +%s)
 mkdir -p "$build"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -DCAVIAR_FUZZ=ON \
   -DCAVIAR_BUILD_TESTS=OFF -DCAVIAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g -Wno-pass-failed" -DCMAKE_C_FLAGS_DEBUG="-O1 -g" >"$build/configure.log" 2>&1 ||
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1 -Wno-pass-failed" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
 cmake --build "$build" --target caviar_fuzz -j2
 build_secs=$(($(date +%s) - t_build))

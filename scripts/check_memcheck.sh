@@ -4,7 +4,7 @@
 # usage: scripts/check_memcheck.sh [BUILD_DIR]     (default: build-memcheck in the repository)
 #
 # valgrind 3.19 cannot execute AVX-512, so BUILD_DIR is a portable build of the caviar target only
-# (-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=x86-64-v3, -O1 -g): AVX2 + FMA + BMI2, which valgrind 3.19
+# (-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=x86-64-v3, -O1 -g1): AVX2 + FMA + BMI2, which valgrind 3.19
 # executes (its virtual CPU reports them, so caviar's start-up CPU check passes under it). This
 # job is also CI's portable-build test: before the cases it checks that
 # the binary says it was built for -march=x86-64-v3, that it holds AVX2/FMA instructions (so the
@@ -35,7 +35,7 @@ jobs=${CAVIAR_JOBS:-2}
 arch=x86-64-v3
 cmake -B "$build" -S "$root" -DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH="$arch" -DCAVIAR_SANITIZE=OFF \
   -DCAVIAR_BUILD_TESTS=OFF -DCAVIAR_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" -DCMAKE_C_FLAGS_DEBUG="-O1 -g"
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DCMAKE_C_FLAGS_DEBUG="-O1 -g1"
 cmake --build "$build" -j"$jobs" --target caviar
 caviar=$build/caviar
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

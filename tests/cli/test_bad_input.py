@@ -7,6 +7,7 @@ there. Regenerate it with:  test_bad_input.py CAVIAR_BIN WORKDIR --write-doc doc
 
 usage: test_bad_input.py CAVIAR_BIN WORKDIR [--write-doc FILE]
 """
+import concurrent.futures
 import json
 import os
 import re
@@ -20,6 +21,68 @@ import numpy as np
 from clitest import fresh_workdir, mpirun
 
 TIMEOUT = 60
+WORKERS = 3  # cases at once: an mpirun start-up mostly waits (measured: 0.43 s wall, 0.2 s CPU)
+
+
+def run_case(i, case, work, out):
+    """Runs one case with its own output path in place of `out` (cases run WORKERS at a time);
+    returns (problems, doc row)."""
+    name, ranks, argv, expect = case
+    mine = os.path.join(work, f"case{i}_{os.path.basename(out)}")
+    argv = [mine if a == out else a for a in argv]
+    shown = " ".join(a.replace(mine, "model.h5").replace(work + "/", "") for a in argv[1:])
+    try:
+        r = subprocess.run(mpirun(ranks) + argv, capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return [f"hung (no exit within {TIMEOUT} s)"], (name, ranks, shown, "(hung)")
+    err_lines = [l for l in r.stderr.splitlines() if l.startswith("caviar:")]
+    problems = []
+    if r.returncode == 0:
+        problems.append("exit code 0")
+    if len(err_lines) != 1:
+        problems.append(f"{len(err_lines)} 'caviar:' lines on stderr")
+    elif not err_lines[0].startswith("caviar: error: ") or expect not in err_lines[0]:
+        problems.append(f"error line lacks {expect!r}")
+    if "MPI_ABORT" in r.stderr or "internal error" in r.stderr:
+        problems.append("aborted instead of a clean exit")
+    if os.path.exists(mine):
+        problems.append("output file was written")
+        os.remove(mine)
+    leftovers = [f for f in os.listdir(work) if f.startswith(os.path.basename(mine) + ".tmp-caviar")]
+    if leftovers:
+        problems.append(f"temporary files left: {leftovers}")
+    line = err_lines[0] if err_lines else r.stderr.strip()[-300:]
+    if problems:
+        problems.append(f"exit={r.returncode} stderr: {line}")
+    return problems, (name, ranks, shown, line.replace(mine, "model.h5").replace(work + "/", ""))
+
+
+def check_cases(cases, work, out):
+    """Runs every case, WORKERS at a time, and prints one line each; returns (failures, doc rows).
+    Files that existed before must be unchanged and no temporary file may be left after all the
+    cases (checked once at the end, naming the files: while cases are in flight, another case's
+    temporary file may legitimately exist)."""
+    p = lambda f: os.path.join(work, f)
+    before = {f: os.stat(p(f)).st_mtime_ns for f in os.listdir(work) if os.path.isfile(p(f))}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        results = list(pool.map(lambda ic: run_case(ic[0], ic[1], work, out), enumerate(cases)))
+    failures, doc_rows = 0, []
+    for (name, *_), (problems, row) in zip(cases, results):
+        doc_rows.append(row)
+        if problems:
+            failures += 1
+            print(f"FAIL {name}: {'; '.join(problems[:-1])}\n     {problems[-1]}")
+        else:
+            print(f"ok   {name}: {row[3]}")
+    changed = [f for f in before if not os.path.exists(p(f)) or os.stat(p(f)).st_mtime_ns != before[f]]
+    if changed:
+        print(f"FAIL: existing files changed or removed by the cases: {changed}")
+        failures += 1
+    leftovers = [f for f in os.listdir(work) if ".tmp-caviar" in f]
+    if leftovers:
+        print(f"FAIL: temporary files left by the cases: {leftovers}")
+        failures += 1
+    return failures, doc_rows
 
 
 
@@ -434,43 +497,7 @@ def main():
         ("bbvi: --lr auto with --adapt-iter 0", 2, bbvi(p("glm_good.h5"), "--lr", "auto", "--adapt-iter", "0"), "--adapt-iter must be >= 1"),
     ]
     write_doc = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--write-doc" else None
-    doc_rows = []
-    failures = 0
-    for name, ranks, argv, expect in cases:
-        before = {f: os.stat(p(f)).st_mtime_ns for f in os.listdir(work) if os.path.isfile(p(f))}
-        try:
-            r = subprocess.run(mpirun(ranks) + argv, capture_output=True, text=True, timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            print(f"FAIL {name}: hung (no exit within {TIMEOUT} s)")
-            failures += 1
-            continue
-        err_lines = [l for l in r.stderr.splitlines() if l.startswith("caviar:")]
-        problems = []
-        if r.returncode == 0:
-            problems.append("exit code 0")
-        if len(err_lines) != 1:
-            problems.append(f"{len(err_lines)} 'caviar:' lines on stderr")
-        elif not err_lines[0].startswith("caviar: error: ") or expect not in err_lines[0]:
-            problems.append(f"error line lacks {expect!r}")
-        if "MPI_ABORT" in r.stderr or "internal error" in r.stderr:
-            problems.append("aborted instead of a clean exit")
-        if os.path.exists(out):
-            problems.append("output file was written")
-            os.remove(out)
-        leftovers = [f for f in os.listdir(work) if f.endswith(".tmp-caviar")]
-        if leftovers:
-            problems.append(f"temporary files left: {leftovers}")
-        after = {f: os.stat(p(f)).st_mtime_ns for f in before if os.path.exists(p(f))}
-        if after != before:
-            problems.append("an existing file was changed or removed")
-        line = err_lines[0] if err_lines else r.stderr.strip()[-300:]
-        shown = " ".join(a.replace(work + "/", "") for a in argv[1:])
-        doc_rows.append((name, ranks, shown, line.replace(work + "/", "")))
-        if problems:
-            failures += 1
-            print(f"FAIL {name}: {'; '.join(problems)}\n     exit={r.returncode} stderr: {line}")
-        else:
-            print(f"ok   {name}: exit={r.returncode}  {line}")
+    failures, doc_rows = check_cases(cases, work, out)
     with open(existing, "rb") as f:
         if f.read() != b"previous contents":
             print("FAIL: an existing output was modified")
