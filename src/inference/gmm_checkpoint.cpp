@@ -28,14 +28,10 @@ Checkpointer::Checkpointer(const Comm& comm, const FitOptions& o,
                            const std::vector<std::string>& inputs)
     : comm_(comm), o_(o), poller_(comm, checked_every(comm, o, inputs)) {}
 
-ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& ref,
-                              const io::MatrixShape& shape, const Model& model,
-                              const std::string& init) {
-  ckpt::Fingerprint fp("gmm");
+void add_mixture_keys(ckpt::Fingerprint& fp, const Comm& comm, const FitOptions& o,
+                      const io::DataRef& ref, const io::MatrixShape& shape, const Model& model,
+                      const std::string& init) {
   const Prior& pr = model.prior();
-  fp.add("algorithm", to_string(o.algorithm), "--algorithm");
-  fp.add("covariance", to_string(o.covariance), "--covariance");
-  fp.add("weights", to_string(pr.weights), "--weights");
   fp.add("components", static_cast<std::int64_t>(o.components), "--components");
   fp.add("dim", static_cast<std::int64_t>(shape.cols), "data dimension D =");
   ckpt::add_data(fp, comm, "--data", ref, shape);
@@ -48,6 +44,16 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::D
   fp.add("nu0", pr.nu0, "--nu0");
   fp.add("prior_mean", o.prior_mean, "--prior-mean");
   fp.add("prior_scale", o.prior_scale, "--prior-scale");
+}
+
+ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::DataRef& ref,
+                              const io::MatrixShape& shape, const Model& model,
+                              const std::string& init) {
+  ckpt::Fingerprint fp("gmm");
+  fp.add("algorithm", to_string(o.algorithm), "--algorithm");
+  fp.add("covariance", to_string(o.covariance), "--covariance");
+  fp.add("weights", to_string(model.prior().weights), "--weights");
+  add_mixture_keys(fp, comm, o, ref, shape, model, init);
   if (o.algorithm == Algorithm::kEm) fp.add("reg_covar", o.reg_covar, "--reg-covar");
   if (o.algorithm == Algorithm::kSvi) {
     fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");

@@ -38,6 +38,13 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::D
                               const io::MatrixShape& shape, const Model& model,
                               const std::string& init);
 
+// The keys every mixture checkpoint shares, fit or chain (collective): K, D, the data's identity,
+// seed, init, and the priors as resolved. fingerprint() and the Gibbs chain's add them after
+// their own algorithm keys.
+void add_mixture_keys(ckpt::Fingerprint& fp, const Comm& comm, const FitOptions& o,
+                      const io::DataRef& ref, const io::MatrixShape& shape, const Model& model,
+                      const std::string& init);
+
 // SVI's position and schedule scalars at a step boundary.
 struct SviPosition {
   int epoch = 0;

@@ -655,6 +655,21 @@ std::string resolve_init(const FitOptions& o) {
   return o.stream ? "random" : "kmeans++";
 }
 
+std::vector<std::string> checked_inputs(const Comm& comm, const FitOptions& o,
+                                        const io::DataRef& ref, const std::string& init) {
+  std::vector<std::string> inputs{ref.file};
+  if (!o.warm_start.empty())
+    inputs.push_back(o.warm_start);
+  else if (!o.init_params.empty())
+    inputs.push_back(o.init_params);
+  else if (init != "random" && init != "kmeans++" && init != "random-from-data")
+    inputs.push_back(io::DataRef::parse(init).file);
+  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
+  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
+  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
+  return inputs;
+}
+
 }  // namespace driver
 
 namespace {
@@ -1064,16 +1079,7 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   if (o.stream && !o.labels.empty())
     throw Error("--labels needs the responsibilities of every row in memory; not with --stream");
   check_warm_start(o);
-  std::vector<std::string> inputs{ref.file};
-  if (!o.warm_start.empty())
-    inputs.push_back(o.warm_start);
-  else if (!o.init_params.empty())
-    inputs.push_back(o.init_params);
-  else if (init != "random" && init != "kmeans++" && init != "random-from-data")
-    inputs.push_back(io::DataRef::parse(init).file);
-  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
+  const std::vector<std::string> inputs = checked_inputs(comm, o, ref, init);
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
   // Checkpoint/resume and stop signals: the engine's for CAVI and EM, gmm_checkpoint.hpp for SVI.
   Checkpoints ck;

@@ -101,5 +101,9 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
                     const Source& src, const Model& model, const Moments& mom);
 // The start as recorded and fingerprinted: params:FILE, the --init value, or the default.
 std::string resolve_init(const FitOptions& o);
+// The files a fit or chain reads (data, start, held-out rows), after checking (collective) that
+// --out and --labels name none of them and can be written.
+std::vector<std::string> checked_inputs(const Comm& comm, const FitOptions& o,
+                                        const io::DataRef& ref, const std::string& init);
 
 }  // namespace caviar::gmm::driver

@@ -29,21 +29,9 @@ ckpt::Fingerprint chain_fingerprint(const Comm& comm, const ChainOptions& c, con
                                     const std::string& init) {
   const FitOptions& o = c.fit;
   ckpt::Fingerprint fp("gmm-gibbs");
-  const Prior& pr = model.prior();
   fp.add("sampler", c.sampler, "--sampler");
   fp.add("covariance", to_string(o.covariance), "--covariance");
-  fp.add("components", static_cast<std::int64_t>(o.components), "--components");
-  fp.add("dim", static_cast<std::int64_t>(shape.cols), "data dimension D =");
-  ckpt::add_data(fp, comm, "--data", ref, shape);
-  fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
-  fp.add("init", init, "--init");
-  if (init == "kmeans++")
-    fp.add("kmeans_iter", static_cast<std::int64_t>(o.kmeans_iter), "--kmeans-iter");
-  fp.add("alpha0", pr.alpha0, "--alpha0");
-  fp.add("beta0", pr.beta0, "--beta0");
-  fp.add("nu0", pr.nu0, "--nu0");
-  fp.add("prior_mean", o.prior_mean, "--prior-mean");
-  fp.add("prior_scale", o.prior_scale, "--prior-scale");
+  add_mixture_keys(fp, comm, o, ref, shape, model, init);
   fp.add("burn_in", static_cast<std::int64_t>(c.burn_in), "--burn-in");
   fp.add("thin", static_cast<std::int64_t>(c.thin), "--thin");
   fp.add("heldout", std::string(o.heldout.empty() ? "no" : "yes"), "--heldout");
@@ -162,14 +150,7 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
   const FitOptions& o = c.fit;
   const io::DataRef ref = io::DataRef::parse(o.data);
   const std::string init = resolve_init(o);
-  std::vector<std::string> inputs{ref.file};
-  if (!o.init_params.empty())
-    inputs.push_back(o.init_params);
-  else if (init != "random" && init != "kmeans++" && init != "random-from-data")
-    inputs.push_back(io::DataRef::parse(init).file);
-  if (!o.heldout.empty()) inputs.push_back(io::DataRef::parse(o.heldout).file);
-  if (!o.out.empty()) io::check_output_path(comm, o.out, inputs);
-  if (!o.labels.empty()) io::check_output_path(comm, o.labels, inputs);
+  const std::vector<std::string> inputs = checked_inputs(comm, o, ref, init);
   engine::Checkpointer ck(comm, {o.checkpoint, o.checkpoint_every, o.resume}, inputs, o.out);
 
   const Source src(comm, ref, false, 0);
