@@ -315,6 +315,46 @@ std::string stray_option(const CLI::App* sample, bool with_data) {
 }
 
 // gmm sample: rows from a fitted model (--model), or a Gibbs chain on data (--data).
+// The options of a Gibbs chain on --data (gmm sample --data).
+void add_chain_options(CLI::App* sample, gmm::ChainOptions& chain, std::string& chain_cov,
+                       std::string& chain_init) {
+  sample->add_option("--data", chain.fit.data,
+                     "Run a Gibbs chain on FILE.h5[:/path] (default path /X), N x D");
+  sample->add_option("-k,--components", chain.fit.components, "--data: number of components K");
+  sample
+      ->add_option("--sampler", chain.sampler,
+                   "--data: blocked (labels | parameters, then parameters | labels; exact at "
+                   "any rank count) | collapsed (parameters integrated out; labels swept in "
+                   "fixed blocks of --block-rows rows, the same bits at any rank count)")
+      ->capture_default_str();
+  sample->add_option("--covariance", chain_cov, "--data: full | diag")
+      ->check(CLI::IsMember({"full", "diag"}))
+      ->capture_default_str();
+  sample->add_option("--block-rows", chain.block_rows,
+                     "--sampler collapsed: rows per block swept against the statistics at the "
+                     "start of the sweep plus the block's own moves (default 256; >= N is the "
+                     "exact sequential sampler)");
+  sample->add_option("--sweeps", chain.sweeps, "--data: sweeps of the chain")
+      ->capture_default_str();
+  sample->add_option("--burn-in", chain.burn_in, "--data: sweeps before the first recorded draw")
+      ->capture_default_str();
+  sample->add_option("--thin", chain.thin, "--data: record every thin-th sweep after burn-in")
+      ->capture_default_str();
+  sample
+      ->add_option("--init", chain_init,
+                   "--data: the start: kmeans++ | random | random-from-data | MODEL.h5 (a "
+                   "model file of gmm fit) | FILE.h5:/resp (N x K)")
+      ->capture_default_str();
+  sample->add_option("--kmeans-iter", chain.fit.kmeans_iter, "Lloyd steps after k-means++ seeding")
+      ->capture_default_str();
+  add_prior_options(sample, chain.fit);
+  sample->add_option("--heldout", chain.fit.heldout,
+                     "--data: held-out FILE.h5[:/path]: its average log predictive density "
+                     "under each sweep's parameters (trace/heldout)");
+  sample->add_option("--labels", chain.fit.labels,
+                     "--data: write the last sweep's labels (HDF5, /labels)");
+}
+
 void add_sample_command(CLI::App* gmm, Context& ctx) {
   auto model = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
@@ -335,41 +375,7 @@ void add_sample_command(CLI::App* gmm, Context& ctx) {
                    "File to write (HDF5). --model: /X, /labels; --data: the chain (trace/, "
                    "draws/)")
       ->required();
-  sample->add_option("--data", chain->fit.data,
-                     "Run a Gibbs chain on FILE.h5[:/path] (default path /X), N x D");
-  sample->add_option("-k,--components", chain->fit.components, "--data: number of components K");
-  sample
-      ->add_option("--sampler", chain->sampler,
-                   "--data: blocked (labels | parameters, then parameters | labels; exact at "
-                   "any rank count) | collapsed (parameters integrated out; labels swept in "
-                   "fixed blocks of --block-rows rows, the same bits at any rank count)")
-      ->capture_default_str();
-  sample->add_option("--covariance", *chain_cov, "--data: full | diag")
-      ->check(CLI::IsMember({"full", "diag"}))
-      ->capture_default_str();
-  sample->add_option("--block-rows", chain->block_rows,
-                     "--sampler collapsed: rows per block swept against the statistics at the "
-                     "start of the sweep plus the block's own moves (default 256; >= N is the "
-                     "exact sequential sampler)");
-  sample->add_option("--sweeps", chain->sweeps, "--data: sweeps of the chain")
-      ->capture_default_str();
-  sample->add_option("--burn-in", chain->burn_in, "--data: sweeps before the first recorded draw")
-      ->capture_default_str();
-  sample->add_option("--thin", chain->thin, "--data: record every thin-th sweep after burn-in")
-      ->capture_default_str();
-  sample
-      ->add_option("--init", *chain_init,
-                   "--data: the start: kmeans++ | random | random-from-data | MODEL.h5 (a "
-                   "model file of gmm fit) | FILE.h5:/resp (N x K)")
-      ->capture_default_str();
-  sample->add_option("--kmeans-iter", chain->fit.kmeans_iter, "Lloyd steps after k-means++ seeding")
-      ->capture_default_str();
-  add_prior_options(sample, chain->fit);
-  sample->add_option("--heldout", chain->fit.heldout,
-                     "--data: held-out FILE.h5[:/path]: its average log predictive density "
-                     "under each sweep's parameters (trace/heldout)");
-  sample->add_option("--labels", chain->fit.labels,
-                     "--data: write the last sweep's labels (HDF5, /labels)");
+  add_chain_options(sample, *chain, *chain_cov, *chain_init);
   auto files = std::make_shared<engine::CheckpointFiles>();
   engine::add_checkpoint_options(sample, *files);
   sample->callback([&ctx, sample, model, n_rows, seed, out, chain, chain_cov, chain_init, files] {
