@@ -75,7 +75,7 @@ def ellipses(ax, t):
         ax.plot(rm[j, 0], rm[j, 1], "x", color="k", ms=8)
     ax.autoscale_view()
     ax.set_aspect("equal", adjustable="datalim")
-    ax.set_title(f"{n} draws (colour) over the reference (black, 2-sigma)")
+    ax.set_title(f"{n} draws over the reference (black), 2 sd")
     ax.grid(True, alpha=0.3)
 
 
