@@ -24,17 +24,19 @@ import matplotlib
 matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.patches import Ellipse  # noqa: E402
+from matplotlib.collections import LineCollection  # noqa: E402
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_gibbs_summary.py"
 
 
-def ellipse(mean, cov, color, **kw):
-    """The 2-sigma contour of N(mean, cov): axes along cov's eigenvectors."""
-    vals, vecs = np.linalg.eigh(np.asarray(cov).reshape(2, 2))
-    angle = np.degrees(np.arctan2(vecs[1, 1], vecs[0, 1]))
-    w, h = 2 * 2 * np.sqrt(np.maximum(vals[::-1], 0))
-    return Ellipse(mean, w, h, angle=angle, fill=False, edgecolor=color, **kw)
+def outlines(means, covs, sd=2.0, points=64):
+    """The sd-contours of N(means[i], covs[i]) as (n, points, 2) polylines: x = m + V sqrt(L) u
+    over the unit circle u, with covs = V L V^T (all at once: one patch per draw is slow)."""
+    vals, vecs = np.linalg.eigh(np.asarray(covs).reshape(-1, 2, 2))
+    t = np.linspace(0, 2 * np.pi, points)
+    circle = np.stack([np.cos(t), np.sin(t)])  # 2 x points
+    scaled = vecs * np.sqrt(np.maximum(vals, 0))[:, None, :]
+    return np.asarray(means).reshape(-1, 1, 2) + sd * np.einsum("nij,jp->npi", scaled, circle)
 
 
 def traces(ax_lj, ax_counts, t):
@@ -68,11 +70,12 @@ def ellipses(ax, t):
     for j in range(k):
         color = f"C{j % 10}"
         if dc.size:
-            for mean, c in zip(dm[:, j], dc.reshape(n, k, 2, 2)[:, j]):
-                ax.add_patch(ellipse(mean, c, color, lw=0.5, alpha=alpha))
+            lines = outlines(dm[:, j], dc.reshape(n, k, 2, 2)[:, j])
+            ax.add_collection(LineCollection(lines, colors=color, linewidths=0.5, alpha=alpha))
         ax.plot(dm[:, j, 0], dm[:, j, 1], ".", ms=2, color=color, alpha=min(1.0, 3 * alpha))
-        ax.add_patch(ellipse(rm[j], rc[j], "k", lw=1.5, ls="--"))
-        ax.plot(rm[j, 0], rm[j, 1], "x", color="k", ms=8)
+    ax.add_collection(LineCollection(outlines(rm, rc), colors="k", linewidths=1.5,
+                                     linestyles="--"))
+    ax.plot(rm[:, 0], rm[:, 1], "x", color="k", ms=8)
     ax.autoscale_view()
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_title(f"{n} draws over the reference (black), 2 sd")

@@ -24,12 +24,10 @@ struct ChainFile {
   std::vector<double> log_joint, counts;  // per sweep; counts: sweeps x K (the chain's labels)
 };
 
-// The dataset `name` of `file`, which must have the shape `want` (0: any extent).
-std::vector<double> read_shaped(const io::FileReader& r, const std::string& file,
-                                const std::string& name, const io::Dims& want) {
-  if (!r.has(name)) throw Error("'" + file + "' has no dataset '" + name + "'");
-  io::Dims dims;
-  std::vector<double> v = r.read(name, &dims);
+// Refuses a dataset of `file` whose shape is not `want` (0: any extent), or that holds a value
+// that is not finite (the matching and the moments would silently turn NaN).
+void check_dataset(const std::string& file, const std::string& name, const io::Dims& dims,
+                   const io::Dims& want, const std::vector<double>& v) {
   bool ok = dims.size() == want.size();
   for (std::size_t i = 0; ok && i < dims.size(); ++i) ok = want[i] == 0 || dims[i] == want[i];
   if (!ok) {
@@ -37,6 +35,17 @@ std::vector<double> read_shaped(const io::FileReader& r, const std::string& file
     for (auto x : dims) got += (got.empty() ? "" : " x ") + std::to_string(x);
     throw Error("'" + file + "': '" + name + "' has shape (" + got + "), not the expected one");
   }
+  for (double x : v)
+    if (!std::isfinite(x)) throw Error("'" + file + "': '" + name + "' holds a non-finite value");
+}
+
+// The dataset `name` of `file`, which must have the shape `want` (0: any extent).
+std::vector<double> read_shaped(const io::FileReader& r, const std::string& file,
+                                const std::string& name, const io::Dims& want) {
+  if (!r.has(name)) throw Error("'" + file + "' has no dataset '" + name + "'");
+  io::Dims dims;
+  std::vector<double> v = r.read(name, &dims);
+  check_dataset(file, name, dims, want, v);
   return v;
 }
 
@@ -44,17 +53,17 @@ std::vector<double> read_shaped(const io::FileReader& r, const std::string& file
 // them), after `lead` leading extents (e.g. the draws): always returned as full matrices.
 std::vector<double> read_covariances(const io::FileReader& r, const std::string& file,
                                      const std::string& name, io::Dims lead, std::uint64_t d) {
-  io::Dims dims;
   if (!r.has(name)) throw Error("'" + file + "' has no dataset '" + name + "'");
-  r.read(name, &dims);
-  io::Dims full = lead;
-  full.insert(full.end(), {d, d});
-  if (dims.size() == full.size()) return read_shaped(r, file, name, full);
-  lead.push_back(d);
-  const std::vector<double> diag = read_shaped(r, file, name, lead);
-  std::vector<double> out(diag.size() * d, 0.0);
-  for (std::size_t i = 0; i < diag.size(); ++i) out[i * d + i % d] = diag[i];
-  return out;
+  io::Dims dims;
+  std::vector<double> v = r.read(name, &dims);
+  io::Dims want = lead;
+  want.push_back(d);
+  if (dims.size() == want.size() + 1) want.push_back(d);
+  check_dataset(file, name, dims, want, v);
+  if (want.size() == lead.size() + 2) return v;  // full already
+  std::vector<double> full(v.size() * d, 0.0);
+  for (std::size_t i = 0; i < v.size(); ++i) full[i * d + i % d] = v[i];
+  return full;
 }
 
 void read_blocked_draws(const io::FileReader& r, const std::string& file, MixtureDraws& m) {
@@ -139,9 +148,9 @@ Mixture read_reference(const std::string& file) {
   return m;
 }
 
-io::Dims shape(std::initializer_list<int> v) {
+io::Dims shape(std::initializer_list<std::int64_t> v) {
   io::Dims d;
-  for (int x : v) d.push_back(static_cast<std::uint64_t>(x));
+  for (std::int64_t x : v) d.push_back(static_cast<std::uint64_t>(x));
   return d;
 }
 
@@ -162,7 +171,7 @@ void write_summary(io::FileWriter& w, const Comm& comm, const SummarizeOptions& 
   w.write("reference/weights", r.reference.weights, shape({k}));
   w.write("reference/means", r.reference.means, shape({k, d}));
   w.write("reference/covariances", r.reference.covariances, shape({k, d, d}));
-  w.write("matching", s.matching, {static_cast<std::uint64_t>(c.draws.n), shape({k})[0]});
+  w.write("matching", s.matching, shape({c.draws.n, k}));
   w.attr("model", std::string("gmm-summary"));
   w.attr("algorithm", c.algorithm);
   w.attr("sampler", c.sampler);

@@ -265,6 +265,9 @@ def main():
         if r.returncode != 0:
             print(f"FAIL: setup of the gmm summarize cases failed:\n{r.stderr}")
             return 1
+    shutil.copyfile(p("chain_ck_out.h5"), p("chain_nan.h5"))
+    with h5py.File(p("chain_nan.h5"), "r+") as f:
+        f["draws/sums"][1, 0, 1] = np.nan
     shutil.copyfile(p("chain_ck.h5"), p("chain_ck_bad_label.h5"))
     with h5py.File(p("chain_ck_bad_label.h5"), "r+") as f:
         f["rows/labels"][11, 0] = 7
@@ -392,6 +395,7 @@ def main():
         ("gmm summarize: the chain is a checkpoint", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck.h5"), "--reference", p("model2d.h5"), "--out", out], "is a checkpoint, not a Gibbs chain"),
         ("gmm summarize: the chain is not HDF5", 2, [caviar, "gmm", "summarize", "--chain", p("not_hdf5.h5"), "--reference", p("model2d.h5"), "--out", out], "not_hdf5.h5"),
         ("gmm summarize: a chain with no draws", 2, [caviar, "gmm", "summarize", "--chain", p("chain_no_draws.h5"), "--reference", p("model2d.h5"), "--out", out], "holds no draws (n_draws = 0)"),
+        ("gmm summarize: a non-finite draw", 2, [caviar, "gmm", "summarize", "--chain", p("chain_nan.h5"), "--reference", p("model2d.h5"), "--out", out], "'draws/sums' holds a non-finite value"),
         ("gmm summarize: the reference is a chain", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("chain_ck_out.h5"), "--out", out], "is a Gibbs chain, not a fitted gmm model"),
         ("gmm summarize: the reference is an hmm model", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("hmm_cm.h5"), "--out", out], "is not a caviar gmm model"),
         ("gmm summarize: another K", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model2d_k3.h5"), "--out", out], "has K = 2 components in D = 2 but the reference"),
