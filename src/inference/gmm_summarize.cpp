@@ -19,7 +19,7 @@ using gmm_gibbs::MixtureDraws;
 // What summarize reads of a chain file besides its draws.
 struct ChainFile {
   std::string sampler, algorithm, data;
-  std::int64_t seed = 0, burn_in = 0, thin = 1;
+  std::int64_t seed = 0, burn_in = 0;
   MixtureDraws draws;
   std::vector<double> log_joint, counts;  // per sweep; counts: sweeps x K (the chain's labels)
 };
@@ -112,7 +112,6 @@ ChainFile read_chain(const std::string& file) {
   c.data = r.has_attr("data") ? r.read_string_attr("data") : "";
   c.seed = static_cast<std::int64_t>(r.read_double_attr("seed"));
   c.burn_in = static_cast<std::int64_t>(r.read_double_attr("burn_in"));
-  c.thin = static_cast<std::int64_t>(r.read_double_attr("thin"));
   c.draws.n = static_cast<std::int64_t>(r.read_double_attr("n_draws"));
   if (c.draws.n < 1)
     throw Error("'" + file + "' holds no draws (n_draws = " + std::to_string(c.draws.n) +
