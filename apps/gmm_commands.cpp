@@ -1,4 +1,4 @@
-// caviar gmm fit | score | predict | sample
+// caviar gmm fit | score | predict | sample | summarize | compare
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -7,6 +7,7 @@
 #include "core/parallel.hpp"
 #include "engine/compare.hpp"
 #include "inference/gmm_driver.hpp"
+#include "inference/gmm_summarize.hpp"
 
 namespace caviar::app {
 
@@ -404,6 +405,51 @@ void add_sample_command(CLI::App* gmm, Context& ctx) {
   });
 }
 
+void add_summarize_command(CLI::App* gmm, Context& ctx) {
+  auto o = std::make_shared<gmm::SummarizeOptions>();
+  auto* cmd = gmm->add_subcommand(
+      "summarize",
+      "Relabel the draws of a Gibbs chain against a reference fit (Hungarian matching on the "
+      "means) and write their posterior means and standard deviations");
+  cmd->add_option("--chain", o->chain, "Chain file written by gmm sample --data --out")->required();
+  cmd->add_option("--reference", o->reference, "Model file written by gmm fit (e.g. CAVI)")
+      ->required();
+  cmd->add_option("--out", o->out,
+                  "Summary to write (HDF5): weights/, means/, covariances/ (mean, sd), "
+                  "reference/, matching")
+      ->required();
+  cmd->add_option("--plot", o->plot,
+                  "PNG to write: the log joint and component counts per sweep, and in 2-D the "
+                  "sampled covariance ellipses over the reference's");
+  cmd->footer(
+      "A collapsed chain's draws are its statistics; each is summarised by the posterior means "
+      "of the weights and means given its labels, and it has no covariances.");
+  cmd->callback([&ctx, o] {
+    ctx.action = [&ctx, o] {
+      o->command = ctx.command_line;
+      o->version = CAVIAR_VERSION;
+      const auto r = gmm::summarize(*ctx.comm, *o);
+      if (!ctx.comm->is_root()) return;
+      print_progress(ctx, gmm::format_summary_table(r) + "wrote summary " + o->out);
+      if (!o->plot.empty()) print_progress(ctx, "wrote " + o->plot);
+      const auto& s = r.summary;
+      nlohmann::ordered_json j;
+      j["sampler"] = r.sampler;
+      j["n_draws"] = s.relabelled.n;
+      j["k"] = r.reference.k;
+      j["d"] = r.reference.d;
+      j["max_abs_diff_weight"] = s.max_diff_weight;
+      j["max_abs_diff_mean"] = s.max_diff_mean;
+      j["max_abs_diff_covariance"] = s.covariances.mean.empty()
+                                         ? nlohmann::ordered_json()
+                                         : nlohmann::ordered_json(s.max_diff_covariance);
+      j["out"] = o->out;
+      if (!o->plot.empty()) j["plot"] = o->plot;
+      print_summary(ctx, j);
+    };
+  });
+}
+
 }  // namespace
 
 void add_gmm_commands(CLI::App& cli, Context& ctx) {
@@ -414,6 +460,7 @@ void add_gmm_commands(CLI::App& cli, Context& ctx) {
   add_score_command(gmm, ctx);
   add_predict_command(gmm, ctx);
   add_sample_command(gmm, ctx);
+  add_summarize_command(gmm, ctx);
 }
 
 }  // namespace caviar::app

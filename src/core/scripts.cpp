@@ -1,6 +1,8 @@
 #include "core/scripts.hpp"
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 
 #include "core/error.hpp"
@@ -35,6 +37,24 @@ std::string shell_quote(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
+}
+
+void render_png(const std::string& script, const std::string& table_json, const std::string& png) {
+  const std::string path = script_path(script);
+  const std::string table = png + ".tmp-caviar-table.json";
+  {
+    std::ofstream f(table);
+    f << table_json << '\n';
+    if (!f) throw Error("cannot write '" + table + "'");
+  }
+  const char* py = std::getenv("CAVIAR_PYTHON");
+  const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(path) +
+                          " " + shell_quote(table) + " --png " + shell_quote(png);
+  const int rc = std::system(cmd.c_str());
+  std::error_code ec;
+  fs::remove(table, ec);
+  if (rc != 0)
+    throw Error("rendering " + png + " failed (" + cmd + "); it needs Debian's python3-matplotlib");
 }
 
 }  // namespace caviar

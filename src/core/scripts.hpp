@@ -14,4 +14,9 @@ std::string script_path(const std::string& name);
 // those scripts through std::system.
 std::string shell_quote(const std::string& s);
 
+// Draws a PNG with scripts/<script>: writes `table_json` (what the script reads) beside `png`,
+// runs `PYTHON script TABLE --png PNG` (PYTHON: $CAVIAR_PYTHON, else /usr/bin/python3; the script
+// writes the PNG atomically), removes the table, and throws Error naming the command if it failed.
+void render_png(const std::string& script, const std::string& table_json, const std::string& png);
+
 }  // namespace caviar

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -60,24 +57,10 @@ nlohmann::ordered_json to_json(const FitSummary& s) {
 
 // Rank 0: the table as JSON for scripts/plot_compare.py, which draws the PNG (atomically).
 void render_plot(const std::vector<FitSummary>& rows, const std::string& png) {
-  const std::string script = script_path("plot_compare.py");
-  const std::string table = png + ".tmp-caviar-compare.json";
-  {
-    nlohmann::ordered_json j;
-    j["fits"] = nlohmann::ordered_json::array();
-    for (const auto& s : rows) j["fits"].push_back(to_json(s));
-    std::ofstream f(table);
-    f << j.dump() << '\n';
-    if (!f) throw Error("cannot write '" + table + "'");
-  }
-  const char* py = std::getenv("CAVIAR_PYTHON");
-  const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(script) +
-                          " " + shell_quote(table) + " --png " + shell_quote(png);
-  const int rc = std::system(cmd.c_str());
-  std::error_code ec;
-  std::filesystem::remove(table, ec);
-  if (rc != 0)
-    throw Error("rendering " + png + " failed (" + cmd + "); it needs Debian's python3-matplotlib");
+  nlohmann::ordered_json j;
+  j["fits"] = nlohmann::ordered_json::array();
+  for (const auto& s : rows) j["fits"].push_back(to_json(s));
+  render_png("plot_compare.py", j.dump(), png);
 }
 
 }  // namespace

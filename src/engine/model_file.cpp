@@ -23,15 +23,19 @@ void write_model_file(const Comm& comm, const std::string& out,
     w.attr(p.objective_name, t.objective.empty() ? 0.0 : t.objective.back());
     w.attr("n_iter", static_cast<std::int64_t>(res.iterations));
     w.attr("converged", static_cast<std::int64_t>(res.converged));
-    w.attr("ranks", static_cast<std::int64_t>(comm.size()));
-    w.attr("threads", static_cast<std::int64_t>(max_threads()));
-    w.attr("seed", static_cast<std::int64_t>(p.seed));
-    w.attr("data", p.data);
-    w.attr("version", p.version);
-    w.attr("command", p.command);
+    write_run_attrs(w, comm, p);
     if (extra) extra(w);
     w.commit();
   });
+}
+
+void write_run_attrs(io::FileWriter& w, const Comm& comm, const Provenance& p) {
+  w.attr("ranks", static_cast<std::int64_t>(comm.size()));
+  w.attr("threads", static_cast<std::int64_t>(max_threads()));
+  w.attr("seed", static_cast<std::int64_t>(p.seed));
+  w.attr("data", p.data);
+  w.attr("version", p.version);
+  w.attr("command", p.command);
 }
 
 void write_rows_file(const Comm& comm, const std::string& out, const RowState& s) {

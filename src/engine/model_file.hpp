@@ -36,6 +36,10 @@ void write_model_file(const Comm& comm, const std::string& out,
                       const Provenance& p,
                       const std::function<void(io::FileWriter&)>& extra = nullptr);
 
+// The run's attributes that every caviar output carries (model files, chain summaries): ranks,
+// threads, seed, data, version, command.
+void write_run_attrs(io::FileWriter& w, const Comm& comm, const Provenance& p);
+
 // Refuses a file that is not a model file of `kind` (its "model" attribute), in one line:
 // "'FILE' is not a caviar KIND model".
 void require_model_kind(const io::FileReader& r, const std::string& file, const std::string& kind);

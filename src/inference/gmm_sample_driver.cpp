@@ -2,6 +2,7 @@
 // the variational and EM fits.
 #include <cmath>
 #include <optional>
+#include <span>
 
 #include "core/error.hpp"
 #include "engine/checkpoint.hpp"
@@ -77,6 +78,18 @@ double chain_heldout(const Comm& comm, const Sampler& s, const Shard& ho) {
   return v;
 }
 
+// The chain's prior, under the names of gmm fit's model file (prior/): what gmm summarize needs to
+// turn a collapsed chain's statistics into posterior means.
+void save_prior(engine::StateWriter& w, const Prior& pr) {
+  const auto d = static_cast<std::uint64_t>(pr.m0.size());
+  w.array("prior/alpha0", std::span(&pr.alpha0, 1), {});
+  w.array("prior/beta0", std::span(&pr.beta0, 1), {});
+  w.array("prior/nu0", std::span(&pr.nu0, 1), {});
+  w.array("prior/m0", std::span(pr.m0.data(), d), {d});
+  const engine::Dims dims = pr.W0_inv.cols() == 1 ? engine::Dims{d} : engine::Dims{d, d};
+  w.array("prior/W0_inv", std::span(pr.W0_inv.data(), pr.W0_inv.size()), dims);
+}
+
 }  // namespace
 
 // Collective: a collapsed chain's blocks of --block-rows rows must each lie on one rank. Ranks
@@ -95,7 +108,7 @@ void check_block_rows(const Comm& comm, std::int64_t n, std::int64_t block_rows)
 template <class Sampler>
 ChainResult run_chain(const Comm& comm, const ChainOptions& c, Sampler& sampler,
                       engine::SamplerRun run, const std::optional<Shard>& ho,
-                      const std::string& init, const RowRange& range) {
+                      const std::string& init, const RowRange& range, const Prior& prior) {
   const FitOptions& o = c.fit;
   const std::vector<engine::DrawPart> layout = sampler.layout();
   if (ho) run.heldout = [&] { return chain_heldout(comm, sampler, *ho); };
@@ -113,6 +126,7 @@ ChainResult run_chain(const Comm& comm, const ChainOptions& c, Sampler& sampler,
         comm, o.out,
         [&](engine::StateWriter& w) {
           engine::save_chain_outputs(w, chain, layout, run.count_width);
+          save_prior(w, prior);
           w.attr("covariance_type", to_string(o.covariance));
           w.attr("sampler", c.sampler);
           w.attr("init", init);
@@ -199,7 +213,8 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
   run.count_width = static_cast<std::size_t>(o.components);
   run.rows = src.range();
   run.global_rows = n;
-  if (c.sampler == "blocked") return run_chain(comm, c, blocked, run, ho, init, src.range());
+  if (c.sampler == "blocked")
+    return run_chain(comm, c, blocked, run, ho, init, src.range(), model.prior());
 
   // Collapsed: its start z_0 is the blocked sampler's labels given theta_0 (sweep 0's draw).
   const std::int64_t block_rows = c.block_rows.value_or(256);
@@ -215,7 +230,7 @@ ChainResult sample_chain(const Comm& comm, const ChainOptions& c,
     engine::reduce(st, engine::Reducer(comm));
     comm.agree([&] { collapsed.start(blocked.labels(), st.s); });
   }
-  return run_chain(comm, c, collapsed, run, ho, init, src.range());
+  return run_chain(comm, c, collapsed, run, ho, init, src.range(), model.prior());
 }
 
 }  // namespace caviar::gmm

@@ -254,6 +254,20 @@ def main():
     if r.returncode != 0:
         print(f"FAIL: setup of the collapsed chain's checkpoint failed:\n{r.stderr}")
         return 1
+    # gmm summarize: 2-D references of K = 2 and 3, and a blocked chain that records no draws.
+    for argv in ([caviar, "-q", "gmm", "fit", "--data", p("good.h5"), "-k", "2", "--max-iter", "5",
+                  "--out", p("model2d.h5")],
+                 [caviar, "-q", "gmm", "fit", "--data", p("good.h5"), "-k", "3", "--max-iter", "5",
+                  "--out", p("model2d_k3.h5")],
+                 [caviar, "-q", "gmm", "sample", "--data", p("good.h5"), "-k", "2", "--sweeps", "3",
+                  "--burn-in", "2", "--thin", "2", "--out", p("chain_no_draws.h5")]):
+        r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
+        if r.returncode != 0:
+            print(f"FAIL: setup of the gmm summarize cases failed:\n{r.stderr}")
+            return 1
+    shutil.copyfile(p("chain_ck_out.h5"), p("chain_nan.h5"))
+    with h5py.File(p("chain_nan.h5"), "r+") as f:
+        f["draws/sums"][1, 0, 1] = np.nan
     shutil.copyfile(p("chain_ck.h5"), p("chain_ck_bad_label.h5"))
     with h5py.File(p("chain_ck_bad_label.h5"), "r+") as f:
         f["rows/labels"][11, 0] = 7
@@ -377,6 +391,18 @@ def main():
         ("warm-start: svi", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--warm-start", p("model3d.h5"), "--out", out), "--warm-start applies to --algorithm cavi and em"),
         ("warm-start: with --checkpoint", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_warm.h5"), "--warm-start", p("model3d.h5"), "--out", out), "cannot be checkpointed or resumed yet"),
         ("warm-start: the model is the output", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--warm-start", p("model3d.h5"), "--out", p("model3d.h5")), "model3d.h5"),
+        ("gmm summarize: the chain is a model file", 2, [caviar, "gmm", "summarize", "--chain", p("model2d.h5"), "--reference", p("model2d.h5"), "--out", out], "is not a gmm Gibbs chain"),
+        ("gmm summarize: the chain is a checkpoint", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck.h5"), "--reference", p("model2d.h5"), "--out", out], "is a checkpoint, not a Gibbs chain"),
+        ("gmm summarize: the chain is not HDF5", 2, [caviar, "gmm", "summarize", "--chain", p("not_hdf5.h5"), "--reference", p("model2d.h5"), "--out", out], "not_hdf5.h5"),
+        ("gmm summarize: a chain with no draws", 2, [caviar, "gmm", "summarize", "--chain", p("chain_no_draws.h5"), "--reference", p("model2d.h5"), "--out", out], "holds no draws (n_draws = 0)"),
+        ("gmm summarize: a non-finite draw", 2, [caviar, "gmm", "summarize", "--chain", p("chain_nan.h5"), "--reference", p("model2d.h5"), "--out", out], "'draws/sums' holds a non-finite value"),
+        ("gmm summarize: the reference is a chain", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("chain_ck_out.h5"), "--out", out], "is a Gibbs chain, not a fitted gmm model"),
+        ("gmm summarize: the reference is an hmm model", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("hmm_cm.h5"), "--out", out], "is not a caviar gmm model"),
+        ("gmm summarize: another K", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model2d_k3.h5"), "--out", out], "has K = 2 components in D = 2 but the reference"),
+        ("gmm summarize: another D", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model3d.h5"), "--out", out], "has K = 2 in D = 3"),
+        ("gmm summarize: --out is the chain", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model2d.h5"), "--out", p("chain_ck_out.h5")], "is the same file as input"),
+        ("gmm summarize: --out is the reference", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model2d.h5"), "--out", p("model2d.h5")], "is the same file as input"),
+        ("gmm summarize: --plot is --out", 2, [caviar, "gmm", "summarize", "--chain", p("chain_ck_out.h5"), "--reference", p("model2d.h5"), "--out", out, "--plot", out], "--plot and --out name the same file"),
         ("gmm sample: --n 0", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "0", "--out", out], "--n must be >= 1 (got 0)"),
         ("gmm sample: an hmm model", 2, [caviar, "gmm", "sample", "--model", p("hmm_cm.h5"), "--n", "5", "--out", out], "is not a caviar gmm model"),
         ("gmm sample: the model is the output", 2, [caviar, "gmm", "sample", "--model", p("model3d.h5"), "--n", "5", "--out", p("model3d.h5")], "model3d.h5"),
