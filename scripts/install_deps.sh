@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs caviar's build, test and plotting dependencies from Debian packages (lmod: the install
-# test loads caviar's modulefile with it; iproute2: the two-host test's network namespaces).
+# test loads caviar's modulefile with it; iproute2: the two-host test's network namespaces;
+# python3-emcee: the MCMC reference of tests/cli/test_bbvi_mcmc.py).
 # Safe to run twice: apt-get skips what is already installed.
 set -euo pipefail
 
@@ -14,6 +15,7 @@ pkgs=(
   libopenblas0-pthread
   lmod iproute2
   python3-h5py python3-numpy python3-scipy python3-sklearn python3-matplotlib python3-pytest
+  python3-emcee
 )
 if [[ "${CAVIAR_WITH_SLURM:-0}" == 1 ]]; then
   pkgs+=(slurm-wlm munge)
