@@ -47,14 +47,24 @@ void render_png(const std::string& script, const std::string& table_json, const 
     f << table_json << '\n';
     if (!f) throw Error("cannot write '" + table + "'");
   }
+  struct RemoveTable {
+    const std::string& f;
+    ~RemoveTable() {
+      std::error_code ec;
+      fs::remove(f, ec);
+    }
+  } remove_table{table};
+  run_plot_script(path, {table, "--png", png}, png);
+}
+
+void run_plot_script(const std::string& path, const std::vector<std::string>& args,
+                     const std::string& png) {
   const char* py = std::getenv("CAVIAR_PYTHON");
-  const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(path) +
-                          " " + shell_quote(table) + " --png " + shell_quote(png);
-  const int rc = std::system(cmd.c_str());
-  std::error_code ec;
-  fs::remove(table, ec);
-  if (rc != 0)
-    throw Error("rendering " + png + " failed (" + cmd + "); it needs Debian's python3-matplotlib");
+  std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(path);
+  for (const std::string& a : args) cmd += " " + shell_quote(a);
+  if (std::system(cmd.c_str()) != 0)
+    throw Error("rendering " + png + " failed (" + cmd +
+                "); it needs Debian's python3-matplotlib and python3-h5py");
 }
 
 }  // namespace caviar

@@ -415,15 +415,15 @@ void write_images(const Comm& comm, const ImageOptions& o, const Mat<float>& ima
       w.commit();
     }
     if (!o.png.empty()) {
-      const char* py = std::getenv("CAVIAR_PYTHON");
-      const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " +
-                              shell_quote(script) + " grid " + shell_quote(h5) + " --png " +
-                              shell_quote(o.png);
-      const int rc = std::system(cmd.c_str());
-      if (temporary) std::filesystem::remove(h5);
-      if (rc != 0)
-        throw Error("rendering " + o.png + " failed (" + cmd +
-                    "); it needs Debian's python3-matplotlib and python3-h5py");
+      struct RemoveTemporary {
+        const std::string& f;
+        bool on;
+        ~RemoveTemporary() {
+          std::error_code ec;
+          if (on) std::filesystem::remove(f, ec);
+        }
+      } remove_h5{h5, temporary};
+      run_plot_script(script, {"grid", h5, "--png", o.png}, o.png);
     }
   });
 }

@@ -603,13 +603,8 @@ void score(const engine::Context& ctx, const ScoreOptions& o) {
 // scripts/plot_hmm.py (matplotlib), from the files already written.
 void render_png(const std::string& script, const std::string& model_file, const std::string& data,
                 const std::string& paths, const std::string& png) {
-  const char* py = std::getenv("CAVIAR_PYTHON");
-  const std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(script) +
-                          " --model " + shell_quote(model_file) + " --data " + shell_quote(data) +
-                          " --paths " + shell_quote(paths) + " --out " + shell_quote(png);
-  if (std::system(cmd.c_str()) != 0)
-    throw Error("rendering " + png + " failed (" + cmd +
-                "); it needs Debian's python3-matplotlib and python3-h5py");
+  run_plot_script(script, {"--model", model_file, "--data", data, "--paths", paths, "--out", png},
+                  png);
 }
 
 void decode(const engine::Context& ctx, const ScoreOptions& o) {
