@@ -22,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_io import save_png  # noqa: E402
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_compare.py"
 
@@ -74,13 +75,7 @@ def main():
     right.set_title(f"{LABELS.get(held_name, held_name)} against K")
     fig.suptitle(f"{fits[0]['model']}: {len(fits)} fits")
     fig.tight_layout()
-    tmp = a.png + ".tmp-caviar.png"
-    try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, a.png)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_png(fig, a.png)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
+from plot_io import save_png  # noqa: E402
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_gibbs_summary.py"
 
@@ -98,13 +99,7 @@ def main():
         ellipses(axes[2], t)
     fig.suptitle(f"gmm {t['sampler']} Gibbs chain: K = {t['k']}, D = {t['d']}")
     fig.tight_layout()
-    tmp = a.png + ".tmp-caviar.png"
-    try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, a.png)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_png(fig, a.png)
 
 
 if __name__ == "__main__":

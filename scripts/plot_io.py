@@ -1,5 +1,6 @@
 """HDF5 input of the plotting scripts (plot_gmm.py, plot_hmm.py), which import it from their own
-directory: dataset specs and file opening, with one-line errors raised as UserError."""
+directory: dataset specs and file opening, with one-line errors raised as UserError; and the
+atomic PNG output of plot_compare.py and plot_gibbs_summary.py."""
 import os
 
 
@@ -26,3 +27,15 @@ def open_h5(fname, what):
         return h5py.File(fname, "r")
     except OSError as e:
         raise UserError("cannot open %s file %s as HDF5: %s" % (what, fname, e))
+
+
+def save_png(fig, png):
+    """Writes the figure to png atomically: a temporary file beside it, renamed over it, so that
+    a failed or interrupted run leaves no half-written PNG."""
+    tmp = png + ".tmp-caviar.png"
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, png)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
