@@ -13,8 +13,6 @@ the fit a user would keep. The PNG is written to a temporary name and renamed, s
 leaves no partial file.
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -22,7 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_io import save_png  # noqa: E402
+from plot_io import save_png, table_args  # noqa: E402
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_compare.py"
 
@@ -57,12 +55,8 @@ def panel(ax, fits, value, name, lower_is_better):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("table")
-    p.add_argument("--png", required=True)
-    a = p.parse_args()
-    with open(a.table) as f:
-        fits = json.load(f)["fits"]
+    table, a = table_args(__doc__)
+    fits = table["fits"]
     if not fits:
         sys.exit(f"{PROG}: no fits in {a.table}")
     obj_name = fits[0]["objective_name"]

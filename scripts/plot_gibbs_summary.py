@@ -14,8 +14,6 @@ TABLE.json is what caviar writes for this script: {"sampler", "k", "d", "burn_in
 The PNG is written to a temporary name and renamed, so a failed run leaves no partial file.
 """
 
-import argparse
-import json
 import os
 import sys
 
@@ -25,7 +23,7 @@ matplotlib.use("Agg")  # no display on compute nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.collections import LineCollection  # noqa: E402
-from plot_io import save_png  # noqa: E402
+from plot_io import save_png, table_args  # noqa: E402
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "plot_gibbs_summary.py"
 
@@ -84,12 +82,7 @@ def ellipses(ax, t):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("table")
-    p.add_argument("--png", required=True)
-    a = p.parse_args()
-    with open(a.table) as f:
-        t = json.load(f)
+    t, a = table_args(__doc__)
     if not t.get("log_joint"):
         sys.exit(f"{PROG}: no sweeps in {a.table}")
     two_d = "draws" in t

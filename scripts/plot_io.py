@@ -29,6 +29,19 @@ def open_h5(fname, what):
         raise UserError("cannot open %s file %s as HDF5: %s" % (what, fname, e))
 
 
+def table_args(doc):
+    """The command line every script run by caviar's render_png takes, `SCRIPT TABLE --png PNG`:
+    returns (the JSON table read, the parsed arguments: .table, .png)."""
+    import argparse
+    import json
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("table")
+    p.add_argument("--png", required=True)
+    a = p.parse_args()
+    with open(a.table) as f:
+        return json.load(f), a
+
+
 def save_png(fig, png):
     """Writes the figure to png atomically: a temporary file beside it, renamed over it, so that
     a failed or interrupted run leaves no half-written PNG."""

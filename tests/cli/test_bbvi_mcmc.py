@@ -61,7 +61,7 @@ import time
 import h5py
 import numpy as np
 
-from clitest import fresh_workdir, mpirun, run_summary
+from clitest import Checks, fresh_workdir, mpirun, run_summary
 
 try:
     import emcee
@@ -75,14 +75,8 @@ N, D, S0 = 5000, 10, 1.0
 WALKERS, BURN, KEEP, GROUP = 32, 300, 4000, 50
 MEANFIELD = os.environ.get("CAVIAR_BBVI_MCMC_MEANFIELD") == "1"
 FAMILIES = ("fullrank", "meanfield") if MEANFIELD else ("fullrank",)
-failures = 0
-
-
-def check(ok, what):
-    global failures
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures += 1
+checks = Checks(CAVIAR)
+check = checks.check
 
 
 def start_fit(family, out):
@@ -192,5 +186,4 @@ for fam, (argv, proc) in fits.items():
         check(err_s.max() < 0.05, f"{fam}: every sd within 5% of the reference's")
 print(f"     total {time.perf_counter() - t0:.1f} s")
 
-print(f"{failures} failures")
-sys.exit(1 if failures else 0)
+checks.finish()
