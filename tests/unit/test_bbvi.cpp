@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -109,6 +110,10 @@ TEST(BbviGlm, DrawsAtOnceEqualOneByOneAndIgnoreAlignment) {
     const Vec theta = normals(samples * p, 13, 0.4);
     Vec f(samples, 0.0), g(samples * p, 0.0);
     m.loglik_draws(theta, samples, x, y, f, g);
+    // Without the gradient (the ELBO and diagnostic passes): the same log-likelihoods.
+    Vec f_only(samples, 0.0);
+    m.loglik_draws(theta, samples, x, y, f_only, {});
+    EXPECT_EQ(f, f_only);
     for (int s = 0; s < samples; ++s) {
       Vec gs(p, 0.0);
       const double fs = m.loglik({theta.data() + s * p, p}, x, y, gs);
@@ -383,6 +388,14 @@ TEST(BbviPsis, FindsTheTailShapeOfKnownRatios) {
   // Too few draws, or none finite: no estimate.
   EXPECT_TRUE(std::isnan(pareto_k_hat(Vec{1, 2, 3})));
   EXPECT_TRUE(std::isnan(pareto_k_hat(Vec(100, NAN))));
+  // Ties only: no tail to fit.
+  EXPECT_TRUE(std::isnan(pareto_k_hat(Vec(1000, 3.0))));
+  // One draw outweighs every other by e^1000 (a q far from p on a large data set): the tail
+  // cannot be represented, and k-hat must say the fit failed (+inf), not "no estimate".
+  Vec spread(1000);
+  for (int i = 0; i < 1000; ++i) spread[i] = -1000.0 - i;
+  spread[17] = 0;
+  EXPECT_EQ(pareto_k_hat(spread), std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

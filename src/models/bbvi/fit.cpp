@@ -50,7 +50,8 @@ void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out)
     yb[i] = y_[r];
   }
   Eigen::VectorXd f = Eigen::VectorXd::Zero(s);
-  RowMatrix g = RowMatrix::Zero(s, p_);
+  // The gradient in theta only where the estimator uses it (reparameterisation steps).
+  RowMatrix g = RowMatrix::Zero(with_grad_ ? s : 0, p_);
   cfg_.glm.loglik_draws({theta_.data(), std::size_t(theta_.size())}, s,
                         {xb.data(), std::size_t(xb.size())}, {yb.data(), std::size_t(n)},
                         {f.data(), std::size_t(s)}, {g.data(), std::size_t(g.size())});

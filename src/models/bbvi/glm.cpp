@@ -11,9 +11,41 @@
 namespace caviar::bbvi {
 namespace {
 
-// log(1 + e^t) without overflow or loss of precision for large |t|.
-double softplus(double t) {
-  return t > 0 ? t + std::log1p(std::exp(-t)) : std::log1p(std::exp(t));
+using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The logistic likelihood of every (row, draw) of a block: eta is n x S (C = 1), y the n labels.
+// Adds each draw's sum of log p(y_i | eta_is) over the rows, in row order, to f, and writes
+// d log p / d eta = y - sigmoid(eta) into r. With t = exp(-|eta|), u = 1 + t:
+//   log p(y | eta) = -softplus(a), a = eta (y = 0) or -eta (y = 1), softplus(a) = max(a, 0) +
+//   log1p(t), without overflow for any eta; sigmoid(eta) = 1 / u (eta >= 0) or t / u.
+// Vectorised (Eigen's exp and log are SIMD for doubles, its log1p is not) in chunks held on the
+// stack, since a block can be a single row: log1p(t) = log(u) t / (u - 1), accurate to a few
+// ulps because u - 1 is exact (Goldberg 1991, Theorem 4), and t where u rounds to 1. These
+// transcendental functions were more than half of a step's time as scalar library calls
+// (measured with perf on logistic regression, D = 50, B = 1024, S = 8).
+void logistic_terms(const RowMajor& eta, std::span<const double> y, RowMajor& r,
+                    std::span<double> f) {
+  constexpr Eigen::Index kChunk = 256;
+  using Chunk = Eigen::Array<double, Eigen::Dynamic, 1, 0, kChunk, 1>;
+  const Eigen::Index s = eta.cols(), total = eta.rows() * s;
+  std::vector<double> sums(static_cast<std::size_t>(s), 0.0);
+  for (Eigen::Index c0 = 0; c0 < total; c0 += kChunk) {
+    const Eigen::Index m = std::min(kChunk, total - c0);
+    const Eigen::Map<const Eigen::ArrayXd> e(eta.data() + c0, m);
+    Chunk yv(m);
+    for (Eigen::Index j = 0; j < m; ++j) yv[j] = y[static_cast<std::size_t>((c0 + j) / s)];
+    // The transcendental functions stand alone: Eigen 3.4 does not vectorise select().
+    const Chunk t = (-e.abs()).exp();
+    const Chunk u = 1.0 + t;
+    const Chunk log_u = u.log();
+    const Chunk log1p_t = (u == 1.0).select(t, log_u * t / (u - 1.0));
+    const Chunk a = e * (1.0 - 2.0 * yv);  // exact: y is 0 or 1
+    const Chunk lik = -(a.max(0.0) + log1p_t);
+    Eigen::Map<Eigen::ArrayXd>(r.data() + c0, m) = yv - (e >= 0.0).select(1.0 / u, t / u);
+    for (Eigen::Index j = 0; j < m; ++j) sums[static_cast<std::size_t>((c0 + j) % s)] += lik[j];
+  }
+  for (Eigen::Index k = 0; k < s; ++k)
+    f[static_cast<std::size_t>(k)] += sums[static_cast<std::size_t>(k)];
 }
 
 }  // namespace
@@ -50,7 +82,6 @@ double Glm::loglik(std::span<const double> theta, std::span<const double> x,
 void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
                        std::span<const double> y, std::span<double> f,
                        std::span<double> grad) const {
-  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Stride = Eigen::OuterStride<>;
   const int d = features, c = outputs();
   const auto n = static_cast<Eigen::Index>(y.size());
@@ -62,19 +93,20 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
   RowMajor r(n, samples * c);  // d log p / d eta
   const double inv_var = 1.0 / (noise_sd * noise_sd);
   const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
-  for (int s = 0; s < samples; ++s) {
-    double sum = 0;
+  for (int s = 0; s < samples; ++s)
     for (int k = 0; k < c; ++k) {
       const double b = theta[static_cast<std::size_t>(s * p + k * (d + 1) + d)];
       for (Eigen::Index i = 0; i < n; ++i) eta(i, s * c + k) += b;
     }
+  if (likelihood == Likelihood::kLogistic) logistic_terms(eta, y, r, f);
+  // The other likelihoods, per draw in row order (logistic_terms did the logistic's).
+  for (int s = 0; s < samples && likelihood != Likelihood::kLogistic; ++s) {
+    double sum = 0;
     for (Eigen::Index i = 0; i < n; ++i) {
       double* e = &eta(i, s * c);
       double* ri = &r(i, s * c);
       switch (likelihood) {
         case Likelihood::kLogistic:
-          sum += y[i] > 0.5 ? -softplus(-e[0]) : -softplus(e[0]);
-          ri[0] = y[i] - 1.0 / (1.0 + std::exp(-e[0]));
           break;
         case Likelihood::kLinear:
           sum += lin_const - 0.5 * (y[i] - e[0]) * (y[i] - e[0]) * inv_var;
@@ -100,6 +132,7 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
     }
     f[static_cast<std::size_t>(s)] += sum;
   }
+  if (grad.empty()) return;  // the log-likelihoods only (ELBO and diagnostic passes)
   // Weights: grad_w(s * C + k, :) += r(:, s * C + k)^T X; intercepts: column sums in row order.
   Eigen::Map<RowMajor, 0, Stride> gw(grad.data(), samples * c, d, Stride(d + 1));
   gw.noalias() += r.transpose() * xm;

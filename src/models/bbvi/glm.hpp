@@ -43,8 +43,9 @@ struct Glm {
 
   // The same for S parameter vectors at once (one step's draws), as matrix products: f[s] +=
   // sum_n log p(y_n | x_n, theta_s) and row s of `grad` += its gradient. theta: S x P and grad:
-  // S x P, row-major; x: n x D row-major. The result depends only on the block and S, not on
-  // where the block sits in memory (the products pack their operands; sums run in index order).
+  // S x P, row-major, or empty for the log-likelihoods alone; x: n x D row-major. The result
+  // depends only on the block and S, not on where the block sits in memory (the products pack their
+  // operands; sums run in index order).
   void loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
                     std::span<const double> y, std::span<double> f, std::span<double> grad) const;
 

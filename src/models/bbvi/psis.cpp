@@ -53,7 +53,15 @@ double pareto_k_hat(std::span<const double> log_ratios) {
     const double e = std::exp(lw[i] - top) - threshold;
     if (e > 0) x.push_back(e);
   }
-  if (x.size() < 5) return std::numeric_limits<double>::quiet_NaN();
+  if (x.size() < 5) {
+    // Fewer than 5 tail ratios above the threshold: either ties, or ratios so spread that
+    // exp(lw - top) underflows. In the second case a few draws outweigh the fifth largest by
+    // more than e^700: the weights have no usable tail (their variance is effectively infinite),
+    // which is k = +inf, a failed fit that must not read as "no estimate".
+    const bool spread = top - lw[lw.size() - 5] > 700;
+    return spread ? std::numeric_limits<double>::infinity()
+                  : std::numeric_limits<double>::quiet_NaN();
+  }
   const double k = gpd_shape(x);
   const double n = static_cast<double>(x.size());
   return (n * k + 10 * 0.5) / (n + 10);

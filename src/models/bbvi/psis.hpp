@@ -11,7 +11,8 @@ namespace caviar::bbvi {
 // k-hat from S log importance ratios (any additive constant): the generalised Pareto fit of
 // Zhang & Stephens (2009) to the M = min(S / 5, 3 sqrt(S)) largest ratios, with the weakly
 // informative prior of Vehtari et al. (2024) pulling k towards 0.5 by 10 pseudo
-// observations. Non-finite ratios are ignored; NaN if fewer than 5 tail points remain.
+// observations. Non-finite ratios are ignored; NaN if fewer than 5 tail points remain, +inf if
+// the largest ratios exceed the fifth largest by more than e^700 (no representable tail).
 double pareto_k_hat(std::span<const double> log_ratios);
 
 }  // namespace caviar::bbvi
