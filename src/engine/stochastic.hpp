@@ -151,6 +151,28 @@ inline StepRows step_rows(const StochasticRun& run, std::span<const std::int64_t
   return s;
 }
 
+// A pass's visiting order, a permutation of [0, N) the same on every rank: the model's own
+// (M::pass_order, held whole), or data/minibatch.hpp's EpochPermutation keyed by (seed, pass),
+// computed pointwise one minibatch at a time (O(B) memory per rank, not O(N)).
+class PassOrder {
+ public:
+  PassOrder(std::int64_t n, std::uint64_t seed, std::uint32_t pass,
+            std::vector<std::int64_t> given = {})
+      : perm_(static_cast<std::uint64_t>(n), seed, pass), given_(std::move(given)) {}
+  // The global rows at positions [p0, p1).
+  std::span<const std::int64_t> batch(std::int64_t p0, std::int64_t p1) {
+    if (!given_.empty()) return {given_.data() + p0, static_cast<std::size_t>(p1 - p0)};
+    rows_.resize(static_cast<std::size_t>(p1 - p0));
+    for (std::int64_t p = p0; p < p1; ++p)
+      rows_[p - p0] = static_cast<std::int64_t>(perm_(static_cast<std::uint64_t>(p)));
+    return rows_;
+  }
+
+ private:
+  EpochPermutation perm_;
+  std::vector<std::int64_t> given_, rows_;
+};
+
 // The statistics of one minibatch (`batch`: its global rows in visiting order) under the current
 // globals, combined over ranks as a step of fit_stochastic combines them (no update): this rank's
 // rows through the local step (one term per row into `terms`), then the exact reduction. Also for
@@ -176,20 +198,12 @@ StepRows minibatch_stats(M& model, typename M::Stats& stats, const StochasticRun
 
 namespace detail {
 
-// Pass `pass`'s visiting order, a permutation of [0, N) the same on every rank: the model's own
-// (M::pass_order), or data/minibatch.hpp's EpochPermutation keyed by (seed, pass).
 template <class M>
-std::vector<std::int64_t> pass_order(const M& model, std::int64_t n, std::uint64_t seed, int pass) {
-  if constexpr (requires { model.pass_order(pass); }) {
-    return model.pass_order(pass);
-  } else {
-    const EpochPermutation perm(static_cast<std::uint64_t>(n), seed,
-                                static_cast<std::uint32_t>(pass));
-    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
-    for (std::int64_t p = 0; p < n; ++p)
-      order[p] = static_cast<std::int64_t>(perm(static_cast<std::uint64_t>(p)));
-    return order;
-  }
+PassOrder pass_order(const M& model, std::int64_t n, std::uint64_t seed, int pass) {
+  if constexpr (requires { model.pass_order(pass); })
+    return PassOrder(n, seed, static_cast<std::uint32_t>(pass), model.pass_order(pass));
+  else
+    return PassOrder(n, seed, static_cast<std::uint32_t>(pass));
 }
 
 // Keeps the row terms of minibatch positions [p0, p0 + |terms|) that this rank holds in row_terms
@@ -221,14 +235,12 @@ inline void keep_terms(const StochasticRun& run, const StepRows& s, std::int64_t
 // |B| (0 without one).
 template <StochasticModel M>
 double stochastic_step(M& model, typename M::Stats& stats, const StochasticRun& run,
-                       const std::vector<std::int64_t>& order, int pass, std::int64_t step,
-                       std::span<double> row_terms, std::vector<double>& terms,
-                       GradientTimes& times) {
+                       PassOrder& order, int pass, std::int64_t step, std::span<double> row_terms,
+                       std::vector<double>& terms, GradientTimes& times) {
   const Schedule& sc = run.schedule;
   const std::int64_t n = run.global_rows, steps = (n + sc.batch_size - 1) / sc.batch_size;
   const std::int64_t p0 = step * sc.batch_size, p1 = std::min(n, p0 + sc.batch_size);
-  const std::span<const std::int64_t> batch(order.data() + p0, static_cast<std::size_t>(p1 - p0));
-  const StepRows s = minibatch_stats(model, stats, run, batch, terms, &times);
+  const StepRows s = minibatch_stats(model, stats, run, order.batch(p0, p1), terms, &times);
   if constexpr (!StepObjectiveModel<M>) keep_terms(run, s, p0, p1, terms, row_terms);
   const auto t = static_cast<double>(sc.first_t + static_cast<std::int64_t>(pass) * steps + step);
   const double scale = static_cast<double>(n) / static_cast<double>(p1 - p0);
@@ -302,7 +314,7 @@ RunResult fit_stochastic(M& model, const StochasticRun& run) {
         [&](StateWriter& w) { at.save(w); });
   };
   for (int pass = ck.iteration(); pass < run.stop.max_iter; ++pass) {
-    const std::vector<std::int64_t> order = detail::pass_order(model, n, sc.seed, pass);
+    PassOrder order = detail::pass_order(model, n, sc.seed, pass);
     for (; pos.step < steps; ++pos.step) {
       boundary(pass, pos);
       pos.sum += detail::stochastic_step(model, stats, run, order, pass, pos.step, row_terms, terms,

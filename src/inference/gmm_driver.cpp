@@ -804,15 +804,13 @@ void init_adaptive(const FitOptions& o, SviFit& fit, const engine::StochasticRun
   const std::int64_t n = run.global_rows, b = run.schedule.batch_size;
   const auto n_mc =
       std::min<std::int64_t>(static_cast<std::int64_t>(o.adaptive_memory), (n + b - 1) / b);
-  const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed, 0xFFFFFFFFu);
+  engine::PassOrder order(n, o.seed, 0xFFFFFFFFu);
   auto stats = fit.make_stats();
   std::vector<double> terms;
   for (std::int64_t i = 0; i < n_mc; ++i) {
-    std::vector<std::int64_t> batch;
-    for (std::int64_t p = i * b; p < std::min(n, (i + 1) * b); ++p)
-      batch.push_back(static_cast<std::int64_t>(perm(static_cast<std::uint64_t>(p))));
-    engine::minibatch_stats(fit, stats, run, batch, terms);
-    fit.add_first_gradient(stats, static_cast<double>(n) / static_cast<double>(batch.size()));
+    const std::int64_t p0 = i * b, p1 = std::min(n, p0 + b);
+    engine::minibatch_stats(fit, stats, run, order.batch(p0, p1), terms);
+    fit.add_first_gradient(stats, static_cast<double>(n) / static_cast<double>(p1 - p0));
   }
   fit.finish_first_gradients(n_mc);
 }
