@@ -257,7 +257,7 @@ void add_fit_command(CLI::App* gmm, Context& ctx) {
   add_svi_options(fit, *o, *c, ctx);
   add_io_options(fit, *o, *c);
   engine::add_checkpoint_options(fit, o->checkpoint, o->checkpoint_every, o->resume,
-                                 "CAVI/EM iterations, SVI minibatch steps");
+                                 "CAVI/EM iterations, SVI epochs");
   fit->callback([&ctx, o, c] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
     ctx.action = [&ctx, o, c] { run_fit(ctx, *o, *c); };

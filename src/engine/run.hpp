@@ -39,6 +39,8 @@ struct RunResult {
   Trace trace;
   int iterations = 0;  // updates done
   bool converged = false;
+  // Stochastic fits (engine/stochastic.hpp): tol | objective-decreased | max-iter.
+  std::string stop_reason;
   double seconds = 0;  // of fitting, held-out evaluation excluded
   // Where the time went: the local steps (slowest and fastest rank) and the reductions of the
   // statistics (slowest rank, including any wait for other ranks).

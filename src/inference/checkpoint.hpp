@@ -1,7 +1,7 @@
 #pragma once
 // What every driver's checkpoints share: the --checkpoint-every schedule, the run fingerprint a
 // resume must match, the identity of the data file, and the agreement on stop signals at an
-// iteration boundary. The model-specific state lives next to each driver (gmm_checkpoint.hpp);
+// iteration boundary. The model-specific state is saved by each model (engine/checkpoint.hpp);
 // files are written with io::FileWriter (temp file, then rename), so a checkpoint on disk is
 // always either the previous complete one or the new complete one.
 //

@@ -13,6 +13,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/model_file.hpp"
 #include "engine/sampler.hpp"
+#include "engine/stochastic.hpp"
 #include "inference/gmm_checkpoint.hpp"
 #include "inference/gmm_driver_internal.hpp"
 #include "inference/shard.hpp"
@@ -21,6 +22,7 @@
 #include "models/gmm/batch.hpp"
 #include "models/gmm/init.hpp"
 #include "models/gmm/sample.hpp"
+#include "models/gmm/svi.hpp"
 #include "models/gmm_gibbs/blocked.hpp"
 
 namespace caviar::gmm {
@@ -591,59 +593,6 @@ double heldout_score(const Comm& comm, const Model& model, const std::string& da
   return total.log_norm() / static_cast<double>(src.shape().rows);
 }
 
-// The SVI step-size schedules: Robbins-Monro (Robbins & Monro 1951; Bruno 2022, eq. 2.51) and the
-// adaptive rate (Ranganath et al. 2013; Bruno 2022, eqs 2.54-2.58).
-class StepSize {
- public:
-  StepSize(const FitOptions& o, const Model& model)
-      : o_(o), model_(model), tau_(o.adaptive_memory), gbar_(model.make_stats()) {}
-
-  // Adaptive: initialise g_bar and h_bar from Monte Carlo estimates of the noisy natural gradient
-  // at the initial lambda (Ranganath et al. 2013; Bruno 2022, section 2.2.2).
-  void init_adaptive(const std::vector<Stats>& gradients) {
-    gbar_.set_zero();
-    hbar_ = 0;
-    for (const Stats& g : gradients) {
-      gbar_ += g;
-      hbar_ += model_.natural_inner(g, g);
-    }
-    gbar_ *= 1.0 / static_cast<double>(gradients.size());
-    hbar_ /= static_cast<double>(gradients.size());
-  }
-
-  // rho_t for step t = 1, 2, ... given the noisy natural gradient g_t = lambda_hat - lambda.
-  double next(std::int64_t t, const Stats& g) {
-    if (o_.schedule == Schedule::kRobbinsMonro)
-      return std::pow(static_cast<double>(t) + o_.tau0, -o_.kappa);  // Bruno 2022, eq. 2.51
-    // Bruno 2022, eq. 2.56: moving averages with window tau_t; eq. 2.57:
-    // rho = g_bar^T g_bar / h_bar; eq. 2.58: tau_{t+1} = tau_t (1 - rho) + 1.
-    const double w = 1.0 / tau_;
-    gbar_.interpolate(g, w);
-    hbar_ = (1 - w) * hbar_ + w * model_.natural_inner(g, g);
-    double rho = hbar_ > 0 ? model_.natural_inner(gbar_, gbar_) / hbar_ : 1.0;
-    rho = std::clamp(rho, 0.0, 1.0);  // <= 1 by Cauchy-Schwarz, up to round-off
-    tau_ = tau_ * (1 - rho) + 1;
-    return rho;
-  }
-
-  // Schedule state, for checkpoints (gmm_checkpoint.hpp).
-  double tau() const { return tau_; }
-  double hbar() const { return hbar_; }
-  const Stats& gbar() const { return gbar_; }
-  void restore(double tau, double hbar, const std::vector<double>& gbar) {
-    tau_ = tau;
-    hbar_ = hbar;
-    if (!gbar.empty()) std::copy(gbar.begin(), gbar.end(), gbar_.buffer().begin());
-  }
-
- private:
-  const FitOptions& o_;
-  const Model& model_;
-  double tau_;
-  Stats gbar_;
-  double hbar_ = 0;
-};
-
 }  // namespace
 
 namespace driver {
@@ -692,20 +641,14 @@ struct Start {
   RowMatrix resp;
 };
 
-// The checkpointers of a fit: the engine's for the batch fits, the SVI driver's own for SVI.
-struct Checkpoints {
-  std::optional<engine::Checkpointer> batch;
-  std::optional<Checkpointer> svi;
-};
-
-// What every start of a fit shares: the data, its moments, the checkpoints, and when it began.
+// What every start of a fit shares: the data, its moments, the checkpoint, and when it began.
 struct Setup {
   const Comm& comm;
   const io::DataRef& ref;
   const std::string& init;
   const Source& src;
   const Moments& mom;
-  Checkpoints& ck;
+  engine::Checkpointer& ck;
   std::chrono::steady_clock::time_point t0;
 };
 
@@ -722,16 +665,20 @@ void allreduce_share(const Comm& comm, double allreduce_start, FitResult& res) {
 }
 
 // The engine's per-iteration report as the GMM's progress line (with the relative change from
-// the previous iteration, also across a resume).
-engine::Progress batch_progress(const engine::Checkpointer& ck, const Progress& progress) {
+// the previous iteration, also across a resume). SVI (svi given): epochs counted from 1, with
+// the last step size and the steps so far.
+engine::Progress fit_progress(const engine::Checkpointer& ck, const Progress& progress,
+                              const SviFit* svi = nullptr) {
   if (!progress) return {};
   const std::vector<double> before = ck.trace().objective;
   auto prev = std::make_shared<double>(before.empty() ? std::numeric_limits<double>::quiet_NaN()
                                                       : before.back());
-  return [progress, prev](const engine::Report& r) {
+  return [progress, prev, svi](const engine::Report& r) {
     const double rel = std::isnan(*prev) ? *prev : rel_change(r.objective, *prev);
     *prev = r.objective;
-    progress({r.iteration, r.objective, rel, r.seconds});
+    if (!svi) return progress({r.iteration, r.objective, rel, r.seconds});
+    const double rho = svi->traces().rho.empty() ? 0.0 : svi->traces().rho.back();
+    progress({r.iteration + 1, r.objective, rel, r.seconds, rho, svi->steps()});
   };
 }
 
@@ -779,7 +726,7 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
                       RowMatrix* resp) {
   const Comm& comm = su.comm;
   const std::int64_t n = su.src.shape().rows;
-  engine::Checkpointer& ck = *su.ck.batch;
+  engine::Checkpointer& ck = su.ck;
   // The data's identity is read only when a checkpoint is written or resumed from.
   ck.open(o.checkpoint.empty() && o.resume.empty()
               ? ckpt::Fingerprint("gmm")
@@ -805,7 +752,7 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
   run.checkpoint = &ck;
   run.rows = su.src.range();
   run.global_rows = n;
-  run.progress = batch_progress(ck, progress);
+  run.progress = fit_progress(ck, progress);
   run.objective_name = o.algorithm == Algorithm::kEm ? "log-likelihood" : "ELBO";
   const double allreduce_start = Comm::allreduce_seconds();
   engine::RunResult r = engine::fit_batch(fit, run);
@@ -822,195 +769,121 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
   return res;
 }
 
-// SVI's minibatches (Hoffman et al. 2013): the E-step over one minibatch under the current
-// lambda, its statistics summed over ranks and scaled by N/|b| (whose log_norm then gives the
-// stochastic ELBO of Bruno 2022, eq. 2.52), and the noisy natural gradient it gives.
-class Minibatches {
- public:
-  Minibatches(const Comm& comm, const FitOptions& o, const Source& src, const Model& model,
-              const Moments& mom)
-      : comm_(comm),
-        o_(o),
-        src_(src),
-        model_(model),
-        n_(src.shape().rows),
-        size_(std::min<std::int64_t>(o.batch_size, n_)),
-        batch_(new_stats(o, model, mom, n_)),
-        grad_(model.make_stats()) {}
-
-  std::int64_t rows() const { return n_; }
-  std::int64_t steps_per_epoch() const { return (n_ + size_ - 1) / size_; }
-  const Stats& batch() const { return batch_; }
-  const Stats& gradient() const { return grad_; }
-
-  // The statistics of minibatch `step` of the permutation into batch(); returns |b| (B, or
-  // N mod B on an epoch's last step).
-  std::int64_t step(const EpochPermutation& perm, std::int64_t step) {
-    std::int64_t size = 0;
-    const auto rows = minibatch_rows(perm, n_, size_, step, src_.range(), &size);
-    batch_.set_zero();
-    if (o_.fast_reduce) {
-      const RowMatrix xb = src_.gather(rows);
-      comm_.agree([&] { model_.local_step(xb, batch_); });
-      reduce(batch_, n_, engine::Reducer(comm_));
-    } else {
-      // Bitwise rank invariance: every rank gathers the whole minibatch (in global row order:
-      // ranks own increasing row ranges) and computes its statistics alone, as a rank-count
-      // independent split of a few hundred rows into exact blocks does not exist. Only the
-      // rows travel (B x D), not the statistics (K x D^2).
-      const RowMatrix mine = src_.gather(rows);
-      const std::vector<double> all = comm_.allgatherv(
-          std::span<const double>(mine.data(), static_cast<std::size_t>(mine.size())));
-      const Eigen::Index cols = src_.shape().cols;
-      const RowMatrix xb = Eigen::Map<const RowMatrix>(
-          all.data(), static_cast<Eigen::Index>(all.size()) / cols, cols);
-      comm_.agree([&] { model_.local_step(xb, batch_); });
-      reduce(batch_, n_, engine::Reducer::local());
+// The rows of an SVI minibatch for the model's local step; every rank calls it at every step, so
+// it may be collective (a streamed read). Exact sums (the default): `rows` are every global row
+// of the minibatch (Schedule::every_rank); each rank reads those it owns and every rank receives
+// all of them, in global row order (ranks own increasing row ranges): only the B x D rows
+// travel, never the K x D^2 statistics. --fast-reduce: `rows` are this rank's own (local
+// indices). f runs under comm.agree, so an error on one rank stops every rank.
+SviFit::WithRows svi_rows(const Comm& comm, const Source& src, bool whole) {
+  return [&comm, &src, whole](std::span<const std::int64_t> rows,
+                              const std::function<void(const RowMatrix&)>& f) {
+    const RowRange own = src.range();
+    std::vector<std::int64_t> mine;
+    for (const std::int64_t r : rows)
+      if (!whole)
+        mine.push_back(own.begin + r);
+      else if (r >= own.begin && r < own.end)
+        mine.push_back(r);
+    RowMatrix x = src.gather(mine);
+    if (whole) {
+      const std::vector<double> all =
+          comm.allgatherv(std::span<const double>(x.data(), static_cast<std::size_t>(x.size())));
+      const Eigen::Index cols = src.shape().cols;
+      x = Eigen::Map<const RowMatrix>(all.data(), static_cast<Eigen::Index>(all.size()) / cols,
+                                      cols);
     }
-    batch_ *= static_cast<double>(n_) / static_cast<double>(size);
-    return size;
-  }
+    comm.agree([&] { f(x); });
+  };
+}
 
-  // g = lambda_hat - lambda (Bruno 2022, eq. 2.49), into gradient().
-  void natural_gradient(const Stats& s_eff) {
-    for (std::size_t i = 0; i < grad_.buffer().size(); ++i)
-      grad_.buffer()[i] = batch_.buffer()[i] - s_eff.buffer()[i];
-  }
-
- private:
-  const Comm& comm_;
-  const FitOptions& o_;
-  const Source& src_;
-  const Model& model_;
-  std::int64_t n_, size_;
-  Stats batch_, grad_;
-};
-
-// Adaptive step size: initialises g_bar and h_bar from Monte Carlo estimates of the noisy natural
-// gradient, min(adaptive memory tau_1, one epoch) minibatches of a separate draw (Ranganath et al.
-// 2013; Bruno 2022, section 2.2.2).
-void init_adaptive(const FitOptions& o, Minibatches& mb, const Stats& s_eff, StepSize& schedule) {
+// The adaptive rate's first averages: the noisy natural gradients of min(adaptive memory, one
+// epoch) minibatches at lambda_0, drawn from an order of their own keyed by (seed, epoch
+// 2^32 - 1) (Ranganath et al. 2013; Bruno 2022, section 2.2.2).
+void init_adaptive(const FitOptions& o, SviFit& fit, const engine::StochasticRun& run) {
+  const std::int64_t n = run.global_rows, b = run.schedule.batch_size;
   const auto n_mc =
-      std::min<std::int64_t>(static_cast<std::int64_t>(o.adaptive_memory), mb.steps_per_epoch());
-  const EpochPermutation perm(static_cast<std::uint64_t>(mb.rows()), o.seed, 0xFFFFFFFFu);
-  std::vector<Stats> gs;
+      std::min<std::int64_t>(static_cast<std::int64_t>(o.adaptive_memory), (n + b - 1) / b);
+  engine::PassOrder order(n, o.seed, 0xFFFFFFFFu);
+  auto stats = fit.make_stats();
+  std::vector<double> terms;
   for (std::int64_t i = 0; i < n_mc; ++i) {
-    mb.step(perm, i);
-    mb.natural_gradient(s_eff);
-    gs.push_back(mb.gradient());
+    const std::int64_t p0 = i * b, p1 = std::min(n, p0 + b);
+    engine::minibatch_stats(fit, stats, run, order.batch(p0, p1), terms);
+    fit.add_first_gradient(stats, static_cast<double>(n) / static_cast<double>(p1 - p0));
   }
-  schedule.init_adaptive(gs);
+  fit.finish_first_gradients(n_mc);
 }
 
-// The end of SVI epoch `epoch` (0-based) with epoch-average ELBO avg: records and reports it, and
-// applies the stopping rule of Bruno 2022, section 2.2.2 (Figure 2.4): stop when the average
-// changes by less than tol, or has decreased for three consecutive epochs. Returns whether to
-// stop; res.steps must hold the steps done.
-bool end_epoch(const FitOptions& o, const Progress& progress, int epoch, double avg, double seconds,
-               double rho, int& decreases, FitResult& res) {
-  const double rel = res.epoch_trace.empty() ? std::numeric_limits<double>::quiet_NaN()
-                                             : rel_change(avg, res.epoch_trace.back());
-  if (!res.epoch_trace.empty()) decreases = avg < res.epoch_trace.back() ? decreases + 1 : 0;
-  res.epoch_trace.push_back(avg);
-  res.iterations = epoch + 1;
-  if (progress) progress({epoch + 1, avg, rel, seconds, rho, res.steps});
-  if (epoch > 0 && rel < o.tol) {
-    res.converged = true;
-    res.stop_reason = "tol";
-    return true;
-  }
-  if (decreases >= 3) {
-    res.converged = true;
-    res.stop_reason = "elbo-decreased";
-    return true;
-  }
-  return false;
+// The stochastic driver's run of gmm fit --algorithm svi: minibatches of --batch-size keyed by
+// (seed, epoch), Robbins-Monro rho_t = (tau0 + t)^-kappa from t = 1, every rank computing whole
+// minibatches unless --fast-reduce, and the stopping rule of Bruno 2022, section 2.2.2 (Figure
+// 2.4): --tol, or three decreasing epoch averages in a row.
+engine::StochasticRun svi_run(const Setup& su, const FitOptions& o) {
+  engine::StochasticRun run;
+  run.comm = &su.comm;
+  run.stop = {o.max_iter, o.tol};
+  run.checkpoint = &su.ck;
+  run.rows = su.src.range();
+  run.global_rows = su.src.shape().rows;
+  engine::Schedule& sc = run.schedule;
+  sc.batch_size = std::min<std::int64_t>(o.batch_size, run.global_rows);
+  sc.tau0 = o.tau0;
+  sc.kappa = o.kappa;
+  sc.seed = o.seed;
+  sc.every_rank = !o.fast_reduce;
+  sc.max_decreases = 3;
+  return run;
 }
 
-// SVI (Hoffman et al. 2013) with the Robbins-Monro or the adaptive step size, on its own loop
-// and checkpoint (inference/gmm_checkpoint.hpp).
+// SVI (Hoffman et al. 2013) with the Robbins-Monro or the adaptive step size, on the engine's
+// stochastic driver and checkpoint (models/gmm/svi.hpp); then one full pass under the final
+// lambda for the final ELBO and --labels.
 FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress, Model& model,
                   RowMatrix* resp_out) {
-  using Clock = std::chrono::steady_clock;
   const Comm& comm = su.comm;
-  const Source& src = su.src;
-  const Moments& mom = su.mom;
-  Checkpointer& ck = *su.ck.svi;
-  double paused = 0;  // seconds spent on diagnostics (full-ELBO checkpoints), not fitting
-  auto elapsed = [&] { return seconds_since(su.t0) - paused; };
-  const std::int64_t n = src.shape().rows;
-  ck.open(su.ref, src.shape(), model, su.init);
-  // lambda_0: the M-step from the initial responsibilities.
-  Stats stats = ck.resuming() ? ck.stats(model) : initial_stats(comm, o, su.init, src, model, mom);
-  // A checkpoint holds the summed values only: passes after a resume sum exactly again.
-  if (!o.fast_reduce && !stats.exact())
-    stats.make_exact(model.exact_exponents(static_cast<double>(n), mom.max_abs));
-  comm.agree([&] { model.update(stats); });
-  FitResult res;
-  ck.restore(res);
-  if (ck.resuming()) paused = seconds_since(su.t0) - ck.elapsed();  // elapsed() continues
-  const double loop_start = elapsed(), allreduce_start = Comm::allreduce_seconds();
-  // SVI (Hoffman et al. 2013). lambda = prior + S in statistic coordinates:
-  // S is what update() turns into the posterior, so lambda <- (1 - rho) lambda + rho lambda_hat
-  // is S <- (1 - rho) S + rho (N/B) S_batch (Bruno 2022, eqs 2.50 and 2.53).
-  Stats s_eff = model.make_stats();
-  s_eff += stats;
-  Minibatches mb(comm, o, src, model, mom);
-  const Stats& batch = mb.batch();
-  const Stats& grad = mb.gradient();
-  const std::int64_t steps_per_epoch = mb.steps_per_epoch();
-  StepSize schedule(o, model);
-  if (o.schedule == Schedule::kAdaptive && !ck.resuming()) init_adaptive(o, mb, s_eff, schedule);
-  const SviPosition at = ck.svi_position();  // where a resumed run continues (zeros if fresh)
-  if (ck.resuming()) schedule.restore(at.tau, at.hbar, ck.gbar());
-  int decreases = at.decreases;
-  std::int64_t t = at.t;
-  res.stop_reason = "max-iter";
-  for (int epoch = at.epoch; epoch < o.max_iter; ++epoch) {
-    const EpochPermutation perm(static_cast<std::uint64_t>(n), o.seed,
-                                static_cast<std::uint32_t>(epoch));
-    const bool resumed = ck.resuming() && epoch == at.epoch;
-    double sum = resumed ? at.epoch_sum : 0, rho = resumed ? at.rho : 0;
-    for (std::int64_t step = resumed ? at.step : 0; step < steps_per_epoch; ++step) {
-      ck.svi_step({epoch, step, t, decreases, sum, rho, schedule.tau(), schedule.hbar()},
-                  o.schedule == Schedule::kAdaptive ? &schedule.gbar() : nullptr, s_eff, res,
-                  elapsed());
-      const std::int64_t rows = mb.step(perm, step);
-      const double elbo_t = model.elbo(batch);  // Bruno 2022, eq. 2.52, at the current lambda
-      if (!std::isfinite(elbo_t))
-        throw Error("the stochastic ELBO is not finite at step " + std::to_string(t + 1));
-      mb.natural_gradient(s_eff);
-      rho = schedule.next(++t, grad);
-      s_eff.interpolate(batch, rho);
-      comm.agree([&] { model.update(s_eff); });
-      // The epoch average is over the epoch's rows, not its steps: each step's estimate counts
-      // for its share |b|/N of them, so every row enters once, with its N/|b| scaling undone.
-      // A plain mean of the steps gave the last, short step (N mod B rows, scaled by
-      // N/(N mod B)) a whole step's weight: its sampling noise then dominated the epoch-to-
-      // epoch changes that the stopping rule below reads (5-35x on Fashion-MNIST at B = 64 to
-      // 1024, where N mod B is 32 to 608). With B dividing N both are the same mean.
-      sum += elbo_t * static_cast<double>(rows);
-      res.trace.push_back(elbo_t);
-      res.rho_trace.push_back(rho);
-      res.seconds_trace.push_back(elapsed());
-      if (o.full_elbo_every > 0 && t % o.full_elbo_every == 0) {
-        const auto p0 = Clock::now();
-        full_pass(comm, src, model, stats, nullptr);
-        res.full_elbo.push_back(model.elbo(stats));
-        res.full_elbo_seconds.push_back(res.seconds_trace.back());
-        res.full_elbo_step.push_back(static_cast<double>(t));
-        paused += seconds_since(p0);
-      }
-    }
-    res.steps = t;
-    if (end_epoch(o, progress, epoch, sum / static_cast<double>(n), elapsed(), rho, decreases, res))
-      break;
+  const std::int64_t n = su.src.shape().rows;
+  engine::Checkpointer& ck = su.ck;
+  ck.open(o.checkpoint.empty() && o.resume.empty()
+              ? ckpt::Fingerprint("gmm")
+              : fingerprint(comm, o, su.ref, su.src.shape(), model, su.init));
+  Stats full = new_stats(o, model, su.mom, n);  // of the full passes
+  SviFit fit(model, n,
+             o.fast_reduce ? std::vector<int>{}
+                           : model.exact_exponents(static_cast<double>(n), su.mom.max_abs),
+             svi_rows(comm, su.src, !o.fast_reduce),
+             [&] {
+               full_pass(comm, su.src, model, full, nullptr);
+               return model.elbo(full);
+             },
+             {o.schedule == Schedule::kAdaptive, o.adaptive_memory, o.full_elbo_every});
+  engine::StochasticRun run = svi_run(su, o);
+  run.progress = fit_progress(ck, progress, &fit);
+  // lambda_0: the M-step from the initial responsibilities (a resumed fit loads its own).
+  if (!ck.resuming()) {
+    const Stats start = initial_stats(comm, o, su.init, su.src, model, su.mom);
+    comm.agree([&] { model.update(start); });
+    fit.start(start);
+    if (o.schedule == Schedule::kAdaptive) init_adaptive(o, fit, run);
   }
-  // The final full ELBO: one pass over every row under the final lambda.
-  full_pass(comm, src, model, stats, resp_out);
-  res.elbo = model.elbo(stats);
-  res.seconds = elapsed();
-  res.loop_seconds = res.seconds - loop_start;
+  const double allreduce_start = Comm::allreduce_seconds();
+  const engine::RunResult r = engine::fit_stochastic(fit, run);
+  FitResult res;
+  res.trace = fit.traces().elbo;
+  res.seconds_trace = fit.traces().seconds;
+  res.rho_trace = fit.traces().rho;
+  res.full_elbo = fit.traces().full_elbo;
+  res.full_elbo_seconds = fit.traces().full_elbo_seconds;
+  res.full_elbo_step = fit.traces().full_elbo_step;
+  res.epoch_trace = r.trace.objective;
+  res.steps = fit.steps();
+  res.iterations = r.iterations;
+  res.converged = r.stop_reason != "max-iter";
+  res.stop_reason = r.stop_reason == "objective-decreased" ? "elbo-decreased" : r.stop_reason;
+  full_pass(comm, su.src, model, full, resp_out);
+  res.elbo = model.elbo(full);
+  res.loop_seconds = r.seconds;
+  res.seconds = seconds_since(su.t0) + ck.elapsed();
   allreduce_share(comm, allreduce_start, res);
   return res;
 }
@@ -1081,18 +954,12 @@ FitResult fit(const Comm& comm, const FitOptions& o, const Progress& progress) {
   check_warm_start(o);
   const std::vector<std::string> inputs = checked_inputs(comm, o, ref, init);
   if (!o.out.empty() && o.out == o.labels) throw Error("--out and --labels name the same file");
-  // Checkpoint/resume and stop signals: the engine's for CAVI and EM, gmm_checkpoint.hpp for SVI.
-  Checkpoints ck;
-  if (o.algorithm == Algorithm::kSvi) {
-    ck.svi.emplace(comm, o, inputs);
-  } else {
-    if (!o.checkpoint.empty() && !o.labels.empty() && o.checkpoint == o.labels)
-      throw Error("--checkpoint and --labels name the same file");
-    if (!o.resume.empty() && (o.resume == o.out || o.resume == o.labels))
-      throw Error("--resume names the same file as --out or --labels");
-    ck.batch.emplace(comm, engine::CheckpointFiles{o.checkpoint, o.checkpoint_every, o.resume},
-                     inputs, o.out);
-  }
+  // Checkpoint/resume and stop signals: the engine's (engine/checkpoint.hpp).
+  if (!o.checkpoint.empty() && !o.labels.empty() && o.checkpoint == o.labels)
+    throw Error("--checkpoint and --labels name the same file");
+  if (!o.resume.empty() && (o.resume == o.out || o.resume == o.labels))
+    throw Error("--resume names the same file as --out or --labels");
+  engine::Checkpointer ck(comm, {o.checkpoint, o.checkpoint_every, o.resume}, inputs, o.out);
 
   const Source src(comm, ref, o.stream, o.chunk_rows);
   const std::int64_t n = src.shape().rows;

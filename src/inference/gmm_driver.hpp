@@ -70,9 +70,9 @@ struct FitOptions {
   std::string out;                       // model file ("" = none)
   std::string labels;                    // per-row labels file ("" = none)
   bool save_responsibilities = false;
-  // Checkpoint/resume (inference/gmm_checkpoint.hpp): write the complete state to `checkpoint`
-  // every N iterations/steps or T seconds ("N" | "Ts"; and always on SIGTERM/SIGUSR1), continue
-  // from `resume`.
+  // Checkpoint/resume (the engine's, engine/checkpoint.hpp): write the complete state to
+  // `checkpoint` every N iterations (SVI: epochs) or T seconds ("N" | "Ts"; and always on
+  // SIGTERM/SIGUSR1), continue from `resume`.
   std::string checkpoint, checkpoint_every, resume;
   std::string command;  // provenance
   std::string version;

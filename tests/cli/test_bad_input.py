@@ -175,13 +175,17 @@ def main():
         if r.returncode != 0:
             print(f"FAIL: setup {' '.join(argv[1:4])} failed:\n{r.stderr}")
             return 1
-    # An SVI checkpoint as caviar wrote it before the epoch average was taken over rows: its
-    # fingerprint has no "epoch_average", and its partial epoch sum means something else.
+    # An SVI checkpoint as caviar wrote it before SVI moved onto the engine's stochastic driver:
+    # its own position attributes (t, epoch) and statistics at /stats, and no "layout" in its
+    # fingerprint.
     shutil.copyfile(p("ck_svi.h5"), p("ck_svi_old.h5"))
     with h5py.File(p("ck_svi_old.h5"), "r+") as f:
         fp = json.loads(f.attrs["fingerprint"])
-        del fp["epoch_average"]
+        del fp["layout"]
         f.attrs["fingerprint"] = json.dumps(fp)
+        f.move("model/stats", "stats")
+        f.attrs["t"] = 3
+        f.attrs["epoch"] = 1
     # Checkpoints edited as fuzzing found them crash the readers (tests/fuzz/regressions): a
     # counter that is no integer, an attribute that is an array, a dataset declaring 3e8 values it
     # does not hold.
@@ -435,7 +439,7 @@ def main():
         ("resume: another data file", 2, fit(p("other.h5") + ":/X", "-k", "2", "--resume", p("ck.h5"), "--out", out), "its data differ from this run's --data"),
         ("resume: another algorithm", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--resume", p("ck.h5"), "--out", out), "--algorithm cavi, this run has --algorithm em"),
         ("resume: another seed", 2, fit(p("good.h5") + ":/X", "-k", "2", "--seed", "9", "--resume", p("ck.h5"), "--out", out), "--seed 0, this run has --seed 9"),
-        ("resume: an SVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "128", "--max-iter", "3", "--resume", p("ck_svi_old.h5"), "--out", out), "its fingerprint lacks 'epoch_average'"),
+        ("resume: an SVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "128", "--max-iter", "3", "--resume", p("ck_svi_old.h5"), "--out", out), "its fingerprint lacks 'layout'"),
         ("resume: a CAVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_old.h5"), "--out", out), "its fingerprint lacks 'layout'"),
         ("resume: a model file", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--resume", p("model3d.h5"), "--out", out), "not a checkpoint of this caviar"),
         ("resume: a data file", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("good.h5"), "--out", out), "not a caviar checkpoint"),

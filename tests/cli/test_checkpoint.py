@@ -183,14 +183,13 @@ def main():
                           f"{'; '.join(problems)}",
                           "     stderr tail: " + " | ".join(err_lines[-4:])], alg, None
         with h5py.File(ck, "r") as f:
-            # SVI: steps done; VAE: optimiser steps done (mid-epoch; the engine's gradient driver
-            # keeps them under driver/, and the epochs done as "iteration"); CAVI/EM: the next
-            # iteration.
-            where = int(f.attrs["t" if alg == "svi" else "driver.steps" if alg == "vae"
+            # SVI: steps done (the model's step count under model/); VAE: optimiser steps done
+            # (the gradient driver keeps them under driver/); both keep the epochs done as
+            # "iteration". CAVI/EM: the next iteration.
+            where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg == "vae"
                                 else "iteration"])
             # Where a run resumed from it can stop a little later: 5 iterations, or 2 epochs.
-            stop_at = (where + 5 if alg in ("cavi", "em") else
-                       int(f.attrs["iteration" if alg == "vae" else "epoch"]) + 2)
+            stop_at = (where + 5 if alg in ("cavi", "em") else int(f.attrs["iteration"]) + 2)
         unit = "step" if alg in ("svi", "vae") else "iteration"
         if how == "self":
             return False, [f"ok   trial {trial} ({alg}, one process): {name} after progress line "

@@ -1,6 +1,6 @@
-// Fuzz target: `gmm fit --resume CHECKPOINT` (CAVI and EM: the engine's checkpoint,
-// engine/checkpoint.cpp, and the statistics read by models/gmm/batch.hpp; SVI:
-// inference/gmm_checkpoint.cpp; both: the fingerprint check of inference/checkpoint.cpp), on a
+// Fuzz target: `gmm fit --resume CHECKPOINT` (the engine's checkpoint, engine/checkpoint.cpp,
+// with the statistics read by models/gmm/batch.hpp (CAVI, EM) or the SVI state read by
+// models/gmm/svi.cpp; the fingerprint check of inference/checkpoint.cpp), on a
 // structure-aware HDF5 checkpoint (h5_spec.hpp). The whole fit runs on a small fixed dataset, so
 // that what the reader lets through is also used: a resumed position, trace or statistics that
 // the fit cannot continue from must be refused by the reader.

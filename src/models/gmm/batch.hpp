@@ -44,6 +44,15 @@ struct SummedStats {
   void reduce(const engine::Reducer& r) { gmm::reduce(s, n_rows, r); }
 };
 
+// Zeroed statistics over n_rows rows: exact on the grid of `exponents` (Model::exact_exponents),
+// or plain doubles if it is empty (--fast-reduce).
+inline SummedStats summed_stats(const Model& model, std::int64_t n_rows,
+                                const std::vector<int>& exponents) {
+  SummedStats s{model.make_stats(), n_rows};
+  if (!exponents.empty()) s.s.make_exact(exponents);
+  return s;
+}
+
 class BatchFit {
  public:
   using Stats = SummedStats;
@@ -64,11 +73,7 @@ class BatchFit {
         resp_(resp),
         last_(model.make_stats()) {}
 
-  Stats make_stats() const {
-    Stats s{model_.make_stats(), n_rows_};
-    if (!exponents_.empty()) s.s.make_exact(exponents_);
-    return s;
-  }
+  Stats make_stats() const { return summed_stats(model_, n_rows_, exponents_); }
   std::int64_t n_local_rows() const { return local_rows_; }
   void local_step(Stats& s, std::span<double>) {
     each_([&](const RowMatrix& x) { model_.local_step(x, s.s, resp_); });
