@@ -727,10 +727,6 @@ FitResult fit_cavi_em(const Setup& su, const FitOptions& o, const Progress& prog
   const Comm& comm = su.comm;
   const std::int64_t n = su.src.shape().rows;
   engine::Checkpointer& ck = su.ck;
-  // The data's identity is read only when a checkpoint is written or resumed from.
-  ck.open(o.checkpoint.empty() && o.resume.empty()
-              ? ckpt::Fingerprint("gmm")
-              : fingerprint(comm, o, su.ref, su.src.shape(), model, su.init));
   const auto each = [&](const std::function<void(const RowMatrix&)>& f) {
     each_chunk_agreed(comm, su.src, [&](const RowMatrix& x, std::int64_t) { f(x); });
   };
@@ -844,9 +840,6 @@ FitResult fit_svi(const Setup& su, const FitOptions& o, const Progress& progress
   const Comm& comm = su.comm;
   const std::int64_t n = su.src.shape().rows;
   engine::Checkpointer& ck = su.ck;
-  ck.open(o.checkpoint.empty() && o.resume.empty()
-              ? ckpt::Fingerprint("gmm")
-              : fingerprint(comm, o, su.ref, su.src.shape(), model, su.init));
   Stats full = new_stats(o, model, su.mom, n);  // of the full passes
   SviFit fit(model, n,
              o.fast_reduce ? std::vector<int>{}
@@ -914,6 +907,10 @@ Start fit_start(const Setup& su, const FitOptions& o, const Progress& progress) 
   model.set_precision(o.precision);
   Start out;
   RowMatrix* resp = o.labels.empty() ? nullptr : &out.resp;
+  // The data's identity is read only when a checkpoint is written or resumed from.
+  su.ck.open(o.checkpoint.empty() && o.resume.empty()
+                 ? ckpt::Fingerprint("gmm")
+                 : fingerprint(su.comm, o, su.ref, su.src.shape(), model, su.init));
   out.res = o.algorithm == Algorithm::kSvi ? fit_svi(su, o, progress, model, resp)
                                            : fit_cavi_em(su, o, progress, model, resp);
   out.res.algorithm = o.algorithm;
