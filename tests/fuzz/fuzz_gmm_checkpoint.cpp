@@ -95,14 +95,15 @@ std::string data_file() {
 }
 
 // A real checkpoint of configuration c: CAVI/EM before iteration 2; SVI (3 steps an epoch) after
-// step 4, mid-epoch.
+// epoch 1 (--checkpoint-every counts SVI epochs; the fuzzer varies the position inside the
+// epoch, driver.step_in_epoch, from there).
 caviar::fuzz::CheckpointTarget& target() {
   static caviar::fuzz::CheckpointTarget t(
       kConfigs,
       [](int c, const std::string& path) {
         gmm::FitOptions o = options(c, data_file());
         o.checkpoint = path;
-        o.checkpoint_every = o.algorithm == gmm::Algorithm::kSvi ? "4" : "2";
+        o.checkpoint_every = o.algorithm == gmm::Algorithm::kSvi ? "1" : "2";
         o.max_iter = 2;
         gmm::fit(comm(), o, nullptr);
       },
