@@ -242,7 +242,11 @@ void add_fit_command(CLI::App* gmm, Context& ctx) {
                   "Weight prior: dirichlet | stick-breaking (truncated Dirichlet process)")
       ->check(CLI::IsMember({"dirichlet", "stick-breaking"}))
       ->capture_default_str();
-  fit->add_option("--covariance", c->cov, "full | diag")->check(CLI::IsMember({"full", "diag"}));
+  fit->add_option("--covariance", c->cov,
+                  "full | diag | tied (one covariance shared by the components) | spherical "
+                  "(one variance per component)")
+      ->check(CLI::IsMember({"full", "diag", "tied", "spherical"}))
+      ->capture_default_str();
   fit->add_option("--max-iter", o->max_iter, "Maximum iterations (CAVI, EM) or epochs (SVI)")
       ->capture_default_str();
   fit->add_option("--tol", o->tol,

@@ -161,8 +161,9 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   if (o.nu0) p.nu0 = *o.nu0;
   if (!(p.alpha0 > 0)) throw Error("--alpha0 must be > 0");
   if (!(p.beta0 > 0)) throw Error("--beta0 must be > 0");
-  // The Wishart needs nu0 > D - 1; the diagonal model's 1-D Wisharts need nu0 > 0.
-  const double min_nu = o.covariance == Covariance::kFull ? d - 1.0 : 0.0;
+  // The Wishart needs nu0 > D - 1; the diagonal and spherical models' 1-D Wisharts need nu0 > 0.
+  const bool full = full_moments(o.covariance);
+  const double min_nu = full ? d - 1.0 : 0.0;
   if (!(p.nu0 > min_nu))
     throw Error("--nu0 must be > " + std::to_string(static_cast<int>(min_nu)) + " (got " +
                 std::to_string(p.nu0) + ")");
@@ -171,13 +172,14 @@ Prior make_prior(const FitOptions& o, int d, const Moments& mom) {
   else if (o.prior_mean != "zero")
     throw Error("--prior-mean must be zero or data");
   if (o.prior_scale == "data") {
-    if (o.covariance == Covariance::kFull)
+    if (full)
       p.W0_inv = mom.cov;
-    else
+    else if (o.covariance == Covariance::kDiag)
       p.W0_inv = mom.cov.diagonal();
-    if (Eigen::LLT<MatrixXd>(o.covariance == Covariance::kFull ? p.W0_inv
-                                                               : MatrixXd(p.W0_inv.asDiagonal()))
-            .info() != Eigen::Success)
+    else  // spherical: the mean variance, as scikit-learn's covariance_prior
+      p.W0_inv = VectorXd::Constant(d, mom.cov.diagonal().mean());
+    if (Eigen::LLT<MatrixXd>(full ? p.W0_inv : MatrixXd(p.W0_inv.asDiagonal())).info() !=
+        Eigen::Success)
       throw Error("--prior-scale data: the data covariance is singular (a constant feature?)");
   } else if (o.prior_scale != "identity") {
     throw Error("--prior-scale must be identity or data");
@@ -202,8 +204,10 @@ void accumulate_sliced(const Model& model, const RowMatrix& x, Stats& stats, Res
 
 // The mixture of --init-params: weights, means and covariances read from FILE.h5 (every rank
 // reads the small file itself), checked against the fit's K and D, as an EM model whose E-step
-// gives the initial responsibilities.
-Model params_model(const Comm& comm, const std::string& file, int k, int d) {
+// gives the initial responsibilities. /covariances has scikit-learn's shape of any covariance
+// type: K x D x D (full), K x D (diag), D x D (tied; with K = D, when the fit is tied) or K
+// (spherical).
+Model params_model(const Comm& comm, const std::string& file, int k, int d, Covariance fit_cov) {
   std::optional<Model> model;
   comm.agree([&] {
     const std::string what = "--init-params '" + file + "'";
@@ -227,11 +231,16 @@ Model params_model(const Comm& comm, const std::string& file, int k, int d) {
       throw Error(what + ": /weights is " + shape(wd) + " and /means " + shape(md) +
                   "; this fit needs " + std::to_string(k) + " and " + std::to_string(k) + " x " +
                   std::to_string(d) + " (components x features)");
-    const bool full = cd == io::Dims{uk, udim, udim};
-    if (!full && cd != io::Dims{uk, udim})
+    const bool tied =
+        cd == io::Dims{udim, udim} && (cd != io::Dims{uk, udim} || fit_cov == Covariance::kTied);
+    const bool spherical = cd == io::Dims{uk};
+    const bool full = cd == io::Dims{uk, udim, udim} || tied;
+    if (!full && !spherical && cd != io::Dims{uk, udim})
       throw Error(what + ": /covariances is " + shape(cd) + "; expected " + std::to_string(k) +
-                  " x " + std::to_string(d) + " x " + std::to_string(d) + " (full) or " +
-                  std::to_string(k) + " x " + std::to_string(d) + " (diagonal)");
+                  " x " + std::to_string(d) + " x " + std::to_string(d) + " (full), " +
+                  std::to_string(k) + " x " + std::to_string(d) + " (diagonal), " +
+                  std::to_string(d) + " x " + std::to_string(d) + " (tied) or " +
+                  std::to_string(k) + " (spherical)");
     MlParams p;
     p.weights = Eigen::Map<const VectorXd>(w.data(), k);
     if (!p.weights.allFinite() || (p.weights.array() < 0).any() || !(p.weights.sum() > 0))
@@ -239,15 +248,19 @@ Model params_model(const Comm& comm, const std::string& file, int k, int d) {
     p.weights /= p.weights.sum();
     p.means = Eigen::Map<const RowMatrix>(m.data(), k, d);
     if (!p.means.allFinite()) throw Error(what + ": /means are not all finite");
-    const Eigen::Index per = full ? Eigen::Index(d) * d : d;
+    const Eigen::Index per = tied ? 0 : spherical ? 1 : full ? Eigen::Index(d) * d : d;
     for (int j = 0; j < k; ++j) {
-      const Eigen::Map<const MatrixXd> cj(c.data() + j * per, d, full ? d : 1);
+      const MatrixXd cj =
+          spherical ? MatrixXd(MatrixXd::Constant(d, 1, c[std::size_t(j)]))
+                    : MatrixXd(Eigen::Map<const MatrixXd>(c.data() + j * per, d, full ? d : 1));
       const bool pd =
           full ? cj.isApprox(cj.transpose()) && Eigen::LLT<MatrixXd>(cj).info() == Eigen::Success
                : (cj.array() > 0).all();
       if (!cj.allFinite() || !pd)
-        throw Error(what + ": the covariance of component " + std::to_string(j) +
-                    " is not symmetric positive definite");
+        throw Error(what + ": " +
+                    (tied ? std::string("the tied covariance")
+                          : "the covariance of component " + std::to_string(j)) +
+                    " is not " + (spherical ? "positive" : "symmetric positive definite"));
       p.covariances.push_back(cj);
     }
     const Covariance cov = full ? Covariance::kFull : Covariance::kDiag;
@@ -269,7 +282,8 @@ Stats initial_stats(const Comm& comm, const FitOptions& o, const std::string& in
   const int k = o.components;
   Stats stats = new_stats(o, model, mom, src.shape().rows);
   if (!o.init_params.empty()) {
-    const Model start = params_model(comm, o.init_params, k, static_cast<int>(src.shape().cols));
+    const Model start =
+        params_model(comm, o.init_params, k, static_cast<int>(src.shape().cols), o.covariance);
     each_chunk_agreed(comm, src, [&](const RowMatrix& x, std::int64_t) {
       Stats unused = start.make_stats();
       RowMatrix r;
@@ -363,6 +377,19 @@ void write_matrices(io::FileWriter& w, const std::string& name, const std::vecto
   const std::size_t k = ms.size(), d = static_cast<std::size_t>(ms.empty() ? 0 : ms[0].rows());
   std::vector<double> buf;
   buf.reserve(k * d * d);
+  // scikit-learn's shapes: tied writes its one shared matrix, spherical one variance per component.
+  if (cov == Covariance::kTied) {
+    const MatrixXd& m = ms.at(0);
+    for (Eigen::Index i = 0; i < m.rows(); ++i)
+      for (Eigen::Index j = 0; j < m.cols(); ++j) buf.push_back(m(i, j));
+    w.write(name, buf, {d, d});
+    return;
+  }
+  if (cov == Covariance::kSpherical) {
+    for (const auto& m : ms) buf.push_back(m(0, 0));
+    w.write(name, buf, {k});
+    return;
+  }
   for (const auto& m : ms) {
     // Row-major on disk: element (i, j) at i * D + j. Symmetric matrices read the same either way.
     for (Eigen::Index i = 0; i < m.rows(); ++i)
@@ -393,7 +420,9 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
   io::FileWriter w(o.out);
   const Covariance cov = model.covariance();
   const std::uint64_t d = static_cast<std::uint64_t>(model.dim());
-  const auto dims = cov == Covariance::kFull ? io::Dims{d, d} : io::Dims{d};
+  const auto dims = full_moments(cov)               ? io::Dims{d, d}
+                    : cov == Covariance::kSpherical ? io::Dims{1}
+                                                    : io::Dims{d};
   // The scikit-learn-like summary.
   write_vector(w, "weights", model.weights());
   write_rowmatrix(w, "means", model.means());
@@ -405,8 +434,7 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
     write_matrices(w, "precisions_cholesky", pc, cov);
     std::vector<MatrixXd> prec;
     for (const auto& p : pc)
-      prec.push_back(cov == Covariance::kFull ? MatrixXd(p * p.transpose())
-                                              : MatrixXd(p.cwiseAbs2()));
+      prec.push_back(full_moments(cov) ? MatrixXd(p * p.transpose()) : MatrixXd(p.cwiseAbs2()));
     write_matrices(w, "precisions", prec, cov);
     write_vector(w, "trace/log_likelihood", r.trace);
     std::vector<double> lb(r.trace);
@@ -434,12 +462,14 @@ void write_model(const Model& model, const FitOptions& o, const std::string& ini
     w.write_scalar("prior/beta0", pr.beta0);
     w.write_scalar("prior/nu0", pr.nu0);
     write_vector(w, "prior/m0", pr.m0);
-    w.write("prior/W0_inv", std::span<const double>(pr.W0_inv.data(), pr.W0_inv.size()), dims);
+    // (Spherical: the one scalar W0^-1 of its D equal entries.)
+    const auto n_w0 = static_cast<std::size_t>(dims.size() == 2 ? d * d : dims[0]);
+    w.write("prior/W0_inv", std::span<const double>(pr.W0_inv.data(), n_w0), dims);
     // W0 for readers who want the scale itself (output only; computations use W0_inv).
-    const MatrixXd w0 = cov == Covariance::kFull
+    const MatrixXd w0 = full_moments(cov)
                             ? MatrixXd(pr.W0_inv.llt().solve(MatrixXd::Identity(d, d)))
                             : MatrixXd(pr.W0_inv.cwiseInverse());
-    w.write("prior/W0", std::span<const double>(w0.data(), w0.size()), dims);
+    w.write("prior/W0", std::span<const double>(w0.data(), n_w0), dims);
     w.write("trace/elbo", r.trace, {r.trace.size()});
     w.attr("elbo", r.elbo);
     w.attr("weight_prior", to_string(pr.weights));
@@ -522,13 +552,20 @@ Model load_model(const Comm& comm, const std::string& file) {
     const auto m = r.read(em ? "/means" : "/posterior/m", &dims);
     if (dims.size() != 2) throw Error("'" + file + "': the means are not a K x D matrix");
     const int k = static_cast<int>(dims[0]), d = static_cast<int>(dims[1]);
-    const std::size_t per = cov == Covariance::kFull ? std::size_t(d) * d : std::size_t(d);
+    // As write_matrices: tied holds one D x D matrix, spherical one scalar per component.
+    const std::size_t per = cov == Covariance::kTied        ? 0
+                            : cov == Covariance::kSpherical ? 1
+                            : cov == Covariance::kFull      ? std::size_t(d) * d
+                                                            : std::size_t(d);
+    const std::size_t total = cov == Covariance::kTied ? std::size_t(d) * d : per * k;
     auto matrices = [&](const std::vector<double>& v) {
-      if (v.size() != per * k) throw Error("'" + file + "': inconsistent matrix shapes");
+      if (v.size() != total) throw Error("'" + file + "': inconsistent matrix shapes");
       std::vector<MatrixXd> out;
       for (int j = 0; j < k; ++j)
-        out.push_back(
-            Eigen::Map<const MatrixXd>(v.data() + j * per, d, cov == Covariance::kFull ? d : 1));
+        out.push_back(cov == Covariance::kSpherical
+                          ? MatrixXd(MatrixXd::Constant(d, 1, v[std::size_t(j)]))
+                          : MatrixXd(Eigen::Map<const MatrixXd>(v.data() + j * per, d,
+                                                                full_moments(cov) ? d : 1)));
       return out;
     };
     auto vec = [&](const std::string& name) {
@@ -1028,7 +1065,7 @@ void sample(const Comm& comm, const std::string& model_file, std::int64_t n, std
   const auto covs = model.covariances();
   for (std::size_t k = 0; k < covs.size(); ++k) {
     const MatrixXd c =
-        model.covariance() == Covariance::kFull ? covs[k] : MatrixXd(covs[k].col(0).asDiagonal());
+        full_moments(model.covariance()) ? covs[k] : MatrixXd(covs[k].col(0).asDiagonal());
     const Eigen::LLT<MatrixXd> llt(c);
     if (llt.info() != Eigen::Success || !c.allFinite())
       throw Error("'" + model_file + "': the covariance of component " + std::to_string(k) +

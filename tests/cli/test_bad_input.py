@@ -141,6 +141,10 @@ def main():
     with h5py.File(p("params_singular.h5"), "w") as f:
         f["weights"], f["means"] = [0.5, 0.5], np.zeros((2, 3))
         f["covariances"] = np.stack([np.eye(3), np.diag([1.0, 1.0, 0.0])])
+    with h5py.File(p("params_spherical_neg.h5"), "w") as f:  # spherical: one variance each
+        f["weights"], f["means"], f["covariances"] = [0.5, 0.5], np.zeros((2, 3)), [1.0, -0.5]
+    with h5py.File(p("params_badshape.h5"), "w") as f:
+        f["weights"], f["means"], f["covariances"] = [0.5, 0.5], np.zeros((2, 3)), np.ones(5)
     # An EM fit of the same data, for compare: EM's log-likelihood beside an ELBO.
     r = subprocess.run(mpirun(1) + [caviar, "-q", "gmm", "fit", "--data", p("good3d.h5"), "-k", "2",
                                     "--algorithm", "em", "--out", p("model3d_em.h5")],
@@ -382,6 +386,10 @@ def main():
         ("score: model is not a model", 2, [caviar, "gmm", "score", "--model", p("good.h5"), "--data", p("good.h5") + ":/X"], "not a caviar gmm model"),
         ("init-params: another K", 2, fit(p("good3d.h5") + ":/X", "-k", "3", "--init-params", p("model3d.h5"), "--out", out), "this fit needs 3 and 3 x 3"),
         ("init-params: no covariances", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--init-params", p("good3d.h5"), "--out", out), "has no /weights"),
+        ("init-params: a negative spherical variance", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--covariance", "spherical", "--init-params", p("params_spherical_neg.h5"), "--out", out), "the covariance of component 1 is not positive"),
+        ("init-params: covariances of no known shape", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--init-params", p("params_badshape.h5"), "--out", out), "/covariances is 5; expected 2 x 3 x 3 (full), 2 x 3 (diagonal), 3 x 3 (tied) or 2 (spherical)"),
+        ("tied covariance: nu0 at most D - 1", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--covariance", "tied", "--nu0", "1.5", "--out", out), "--nu0 must be > 2 (got 1.500000)"),
+        ("single precision with spherical covariance", 2, fit(p("good.h5") + ":/X", "-k", "2", "--covariance", "spherical", "--precision", "single", "--out", out), "--precision single needs --covariance full or tied"),
         ("init-params: a singular covariance", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--init-params", p("params_singular.h5"), "--out", out), "the covariance of component 1 is not symmetric positive definite"),
         ("warm-start: another K", 2, fit(p("good3d.h5") + ":/X", "-k", "3", "--warm-start", p("model3d.h5"), "--out", out), "has K = 2; this fit has 3"),
         ("warm-start: another D", 2, fit(p("good.h5") + ":/X", "-k", "2", "--warm-start", p("model3d.h5"), "--out", out), "has D = 3; this fit has 2"),

@@ -68,6 +68,10 @@ def main():
                        "data", "--max-iter", "15", "--heldout", data],
         "cavi-diag": ["--covariance", "diag", "--init", "random", "--max-iter", "15"],
         "cavi-single": ["--precision", "single", "--max-iter", "15"],
+        "cavi-tied": ["--covariance", "tied", "--max-iter", "15"],
+        "svi-spherical": ["--covariance", "spherical", "--algorithm", "svi", "--batch-size",
+                          "300", "--max-iter", "2", "--schedule", "adaptive"],
+        "em-spherical": ["--covariance", "spherical", "--algorithm", "em", "--max-iter", "15"],
     }
     for name, extra in cases.items():
         labels = name in ("cavi", "em")

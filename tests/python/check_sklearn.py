@@ -110,6 +110,9 @@ EM_CASES = [
     dict(name="em_full_N600_D3_K4", N=600, D=3, K=4, cov="full", n=15, seed=31, reg=1e-6),
     dict(name="em_full_noreg_N500_D2_K3", N=500, D=2, K=3, cov="full", n=10, seed=32, reg=0.0),
     dict(name="em_diag_N700_D5_K3", N=700, D=5, K=3, cov="diag", n=15, seed=33, reg=1e-4),
+    dict(name="em_tied_N600_D3_K4", N=600, D=3, K=4, cov="tied", n=15, seed=34, reg=1e-6),
+    dict(name="em_spherical_N700_D4_K3", N=700, D=4, K=3, cov="spherical", n=15, seed=35,
+         reg=1e-5),
 ]
 
 

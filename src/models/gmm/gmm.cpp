@@ -17,11 +17,23 @@ using Eigen::VectorXd;
 Covariance parse_covariance(const std::string& s) {
   if (s == "full") return Covariance::kFull;
   if (s == "diag") return Covariance::kDiag;
-  throw Error("unknown covariance type '" + s + "' (expected full or diag)");
+  if (s == "tied") return Covariance::kTied;
+  if (s == "spherical") return Covariance::kSpherical;
+  throw Error("unknown covariance type '" + s + "' (expected full, diag, tied or spherical)");
 }
 
 std::string to_string(Covariance c) {
-  return c == Covariance::kFull ? "full" : "diag";
+  switch (c) {
+    case Covariance::kFull:
+      return "full";
+    case Covariance::kDiag:
+      return "diag";
+    case Covariance::kTied:
+      return "tied";
+    case Covariance::kSpherical:
+      return "spherical";
+  }
+  return "?";
 }
 
 WeightPrior parse_weight_prior(const std::string& s) {
@@ -50,8 +62,8 @@ Prior default_prior(Covariance cov, int dim, int n_components) {
   p.beta0 = 1.0;
   p.nu0 = dim;
   p.m0 = VectorXd::Zero(dim);
-  p.W0_inv = cov == Covariance::kFull ? MatrixXd(MatrixXd::Identity(dim, dim))
-                                      : MatrixXd(MatrixXd::Ones(dim, 1));
+  p.W0_inv =
+      full_moments(cov) ? MatrixXd(MatrixXd::Identity(dim, dim)) : MatrixXd(MatrixXd::Ones(dim, 1));
   return p;
 }
 
@@ -62,7 +74,7 @@ Stats::Stats(int dim, int n_components, Covariance cov)
     : dim_(dim),
       k_(n_components),
       cov_(cov),
-      moment_size_(cov == Covariance::kFull ? std::size_t(dim) * (dim + 1) / 2 : std::size_t(dim)),
+      moment_size_(full_moments(cov) ? std::size_t(dim) * (dim + 1) / 2 : std::size_t(dim)),
       buf_(std::size_t(n_components) * (1 + dim + moment_size_) + 2, 0.0) {}
 
 void Stats::set_zero() {
@@ -145,7 +157,7 @@ std::vector<int> Model::exact_exponents(double n_rows, const VectorXd& max_abs) 
     e[at(&s.n(k))] = bound_exponent(n2);
     for (int j = 0; j < d; ++j) e[at(s.sx(k) + j)] = bound_exponent(n2 * max_abs[j]);
     std::size_t p = at(s.sxx(k));
-    if (cov_ == Covariance::kFull) {
+    if (full_moments(cov_)) {
       for (int i = 0; i < d; ++i)
         for (int j = i; j < d; ++j) e[p++] = bound_exponent(n2 * max_abs[i] * max_abs[j]);
     } else {
@@ -232,17 +244,17 @@ struct Accumulator {
   // rt holds the block's responsibilities transposed (K x n).
   void add(const RowMatrix& xcb, const RowMatrix& rt, double log_norm, Covariance cov) {
     const Index n = xcb.rows(), d = xcb.cols(), kk = rt.rows();
-    const Index m = cov == Covariance::kFull ? d * (d + 1) / 2 : d;
+    const Index m = full_moments(cov) ? d * (d + 1) / 2 : d;
     const Index row = 1 + d + m;
     const std::size_t tail = std::size_t(kk * row);  // log_norm, then rows
-    const bool features = cov == Covariance::kDiag || d <= kMaxFeatureDim;
+    const bool features = !full_moments(cov) || d <= kMaxFeatureDim;
     if (exact) exact->prepare(1);
     f.resize(n, features ? row : 1 + d);
     f.col(0).setOnes();
     f.middleCols(1, d) = xcb;
     if (features) {
       Eigen::Map<RowMatrix> g(block.data(), kk, row);
-      if (cov == Covariance::kFull) {
+      if (full_moments(cov)) {
         Index p = 1 + d;
         for (Index i = 0; i < d; ++i)
           for (Index j = i; j < d; ++j) f.col(p++) = xcb.col(i).cwiseProduct(xcb.col(j));
@@ -427,7 +439,7 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
   const int kk = n_components(), d = dim();
   out.resize(kk, n);
   Eigen::ArrayXd quad(n);
-  if (cov_ == Covariance::kFull) {
+  if (full_moments(cov_)) {
     // (x - m)^T W (x - m) = ||P^T (x - c) - P^T (m - c)||^2 with P P^T = W, for a group of
     // components at once: one GEMM [P_k ... P_k+g]^T (x - c)^T, then sums of D squared lines.
     // Groups keep the product block (gD x n) within ~1 MB of cache.
@@ -446,6 +458,20 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
           yf.noalias() = prec_chol_t_f_[std::size_t(k)] * xf;
         quad.setZero();
         for (int j = 0; j < d; ++j) quad += yf.row(j).cast<double>().array().square();
+        out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
+      }
+      return;
+    }
+    if (cov_ == Covariance::kTied) {
+      // One shared P: P^T (x - c) is formed once for all K components.
+      if (d >= kTriangularMinDim)
+        y.noalias() = prec_chol_[0].transpose().triangularView<Eigen::Lower>() * xt;
+      else
+        y.noalias() = prec_chol_[0].transpose() * xt;
+      for (int k = 0; k < kk; ++k) {
+        quad.setZero();
+        for (int j = 0; j < d; ++j)
+          quad += (y.row(j).array() - offset_all_[Index(k) * d + j]).square();
         out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
       }
       return;
@@ -522,6 +548,9 @@ void Model::update(const Stats& s) {
   //   W_k^-1 = W0^-1 + beta0 m0 m0^T + Sxx_k - beta_k m_k m_k^T,
   // which equals (10.62) (N_k S_k + beta0 N_k/(beta0 + N_k) (xbar - m0)(xbar - m0)^T) without
   // dividing by N_k, so empty components need no special case.
+  // Tied: the Wishart's terms summed over components, nu = nu0 + N, W^-1 = W0^-1 + sum_k (beta0
+  // m0 m0^T + Sxx_k - beta_k m_k m_k^T). Spherical: summed over dimensions, nu_k = nu0 + D N_k,
+  // W_k^-1 = W0^-1 + sum_d (beta0 m0_d^2 + Sxx_kd - beta_k m_kd^2). (See the header.)
   const int d = dim(), kk = s.n_components();
   const VectorXd m0c = prior_.m0 - shift_;
   Posterior p;
@@ -531,6 +560,9 @@ void Model::update(const Stats& s) {
   p.m.resize(kk, d);
   p.W_inv.resize(kk);
   RowMatrix m_shifted(kk, d);  // m_k - c, kept exactly: see refresh()
+  MatrixXd pooled;             // tied: the components' summed scatter terms
+  if (cov_ == Covariance::kTied) pooled.setZero(d, d);
+  double n_total = 0;
   if (prior_.weights == WeightPrior::kStickBreaking) {
     // Blei & Jordan (2006): a_k = 1 + N_k, b_k = alpha0 + sum_{j>k} N_j.
     p.alpha.resize(0);
@@ -547,17 +579,42 @@ void Model::update(const Stats& s) {
     const double nk = s.n(k);
     if (prior_.weights == WeightPrior::kDirichlet) p.alpha[k] = prior_.alpha0 + nk;
     p.beta[k] = prior_.beta0 + nk;
-    p.nu[k] = prior_.nu0 + nk;
+    p.nu[k] = prior_.nu0 + (cov_ == Covariance::kSpherical ? d * nk : nk);
+    n_total += nk;
     const VectorXd mc = (prior_.beta0 * m0c + Eigen::Map<const VectorXd>(s.sx(k), d)) / p.beta[k];
     p.m.row(k) = (mc + shift_).transpose();
     m_shifted.row(k) = mc.transpose();
-    if (cov_ == Covariance::kFull) {
-      MatrixXd wi = prior_.W0_inv + prior_.beta0 * m0c * m0c.transpose() + s.sxx_matrix(k) -
-                    p.beta[k] * mc * mc.transpose();
-      p.W_inv[k] = 0.5 * (wi + wi.transpose());
-    } else {
-      p.W_inv[k] = prior_.W0_inv + prior_.beta0 * m0c.cwiseAbs2() +
-                   Eigen::Map<const VectorXd>(s.sxx(k), d) - p.beta[k] * mc.cwiseAbs2();
+    switch (cov_) {
+      case Covariance::kFull: {
+        MatrixXd wi = prior_.W0_inv + prior_.beta0 * m0c * m0c.transpose() + s.sxx_matrix(k) -
+                      p.beta[k] * mc * mc.transpose();
+        p.W_inv[k] = 0.5 * (wi + wi.transpose());
+        break;
+      }
+      case Covariance::kDiag:
+        p.W_inv[k] = prior_.W0_inv + prior_.beta0 * m0c.cwiseAbs2() +
+                     Eigen::Map<const VectorXd>(s.sxx(k), d) - p.beta[k] * mc.cwiseAbs2();
+        break;
+      case Covariance::kTied:
+        pooled += prior_.beta0 * m0c * m0c.transpose() + s.sxx_matrix(k) -
+                  p.beta[k] * mc * mc.transpose();
+        break;
+      case Covariance::kSpherical: {
+        const double wi = prior_.W0_inv(0, 0) +
+                          (prior_.beta0 * m0c.cwiseAbs2() +
+                           Eigen::Map<const VectorXd>(s.sxx(k), d) - p.beta[k] * mc.cwiseAbs2())
+                              .sum();
+        p.W_inv[k] = VectorXd::Constant(d, wi);
+        break;
+      }
+    }
+  }
+  if (cov_ == Covariance::kTied) {
+    pooled += prior_.W0_inv;
+    const MatrixXd wi = 0.5 * (pooled + pooled.transpose());
+    for (int k = 0; k < kk; ++k) {
+      p.W_inv[k] = wi;
+      p.nu[k] = prior_.nu0 + n_total;
     }
   }
   post_ = std::move(p);
@@ -584,13 +641,32 @@ void Model::update_ml(const Stats& s) {
   p.means.resize(kk, d);
   RowMatrix m_shifted(kk, d);  // mu_k - c, kept exactly: see refresh()
   p.covariances.resize(kk);
+  MatrixXd tied_raw, tied_means;  // tied: sum_k Sxx_k and sum_k N_k mc_k mc_k^T
+  if (cov_ == Covariance::kTied) {
+    tied_raw.setZero(d, d);
+    tied_means.setZero(d, d);
+  }
+  double n_total = 0;
   for (int k = 0; k < kk; ++k) {
     const double nk = s.n(k) + 10 * eps;
     p.weights[k] = nk;
     const VectorXd mc = Eigen::Map<const VectorXd>(s.sx(k), d) / nk;
     p.means.row(k) = (mc + shift_).transpose();
     m_shifted.row(k) = mc.transpose();
-    if (cov_ == Covariance::kFull) {
+    if (cov_ == Covariance::kTied) {
+      // Pooled below: the maximum-likelihood shared covariance is the within-component scatter,
+      // Sigma = (sum_k Sxx_k - sum_k N_k mc_k mc_k^T) / sum_k N_k, + reg_covar I (as
+      // scikit-learn's "tied", whose N_k carry the same 10 eps).
+      tied_raw += s.sxx_matrix(k);
+      tied_means += nk * mc * mc.transpose();
+      n_total += nk;
+    } else if (cov_ == Covariance::kSpherical) {
+      // sigma_k^2 = mean_d (Sxx_kd / N_k - mc_kd^2) + reg_covar (scikit-learn's "spherical").
+      const VectorXd raw = Eigen::Map<const VectorXd>(s.sxx(k), d) / nk;
+      const double var = (raw - mc.cwiseAbs2()).mean() + reg_covar_;
+      if (!(var > 100 * eps * (raw.mean() + reg_covar_))) throw_singular(k);
+      p.covariances[k] = VectorXd::Constant(d, var);
+    } else if (cov_ == Covariance::kFull) {
       const MatrixXd raw = s.sxx_matrix(k) / nk;
       MatrixXd c = raw - mc * mc.transpose();
       c.diagonal().array() += reg_covar_;
@@ -610,6 +686,20 @@ void Model::update_ml(const Stats& s) {
       if ((p.covariances[k].array() <= 100 * eps * (raw.array() + reg_covar_)).any())
         throw_singular(k);
     }
+  }
+  if (cov_ == Covariance::kTied) {
+    const MatrixXd raw = tied_raw / n_total;
+    MatrixXd c = raw - tied_means / n_total;
+    c.diagonal().array() += reg_covar_;
+    c = 0.5 * (c + c.transpose());
+    Eigen::LLT<MatrixXd> llt(c);
+    const double floor = 100 * eps * (raw.diagonal().maxCoeff() + reg_covar_);
+    if (llt.info() != Eigen::Success ||
+        MatrixXd(llt.matrixL()).diagonal().cwiseAbs2().minCoeff() <= floor)
+      throw Error(
+          "EM: the tied covariance is singular (the points lie in a subspace); add a small "
+          "--reg-covar, e.g. 1e-6");
+    for (int k = 0; k < kk; ++k) p.covariances[k] = c;
   }
   p.weights /= p.weights.sum();
   ml_ = std::move(p);
@@ -631,10 +721,10 @@ void Model::refresh_ml() {
   logdet_w_.resize(kk);
   log_rho_base_.resize(kk);
   quad_scale_ = VectorXd::Ones(kk);
-  prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
-  w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
+  prec_chol_.assign(full_moments(cov_) ? kk : 0, MatrixXd());
+  w_diag_.resize(full_moments(cov_) ? 0 : kk, d);
   for (int k = 0; k < kk; ++k) {
-    if (cov_ == Covariance::kFull) {
+    if (full_moments(cov_)) {
       Eigen::LLT<MatrixXd> llt(ml_.covariances[k]);
       if (llt.info() != Eigen::Success) throw_singular(k);
       const MatrixXd l = llt.matrixL();
@@ -684,10 +774,10 @@ void Model::refresh() {
   }
   e_logdet_.resize(kk);
   logdet_w_.resize(kk);
-  prec_chol_.assign(cov_ == Covariance::kFull ? kk : 0, MatrixXd());
-  w_diag_.resize(cov_ == Covariance::kDiag ? kk : 0, d);
+  prec_chol_.assign(full_moments(cov_) ? kk : 0, MatrixXd());
+  w_diag_.resize(full_moments(cov_) ? 0 : kk, d);
   for (int k = 0; k < kk; ++k) {
-    if (cov_ == Covariance::kFull) {
+    if (full_moments(cov_)) {
       Eigen::LLT<MatrixXd> llt(post_.W_inv[k]);
       if (llt.info() != Eigen::Success)
         throw Error("component " + std::to_string(k) +
@@ -716,16 +806,16 @@ void Model::refresh() {
 }
 
 void Model::set_precision(Precision p) {
-  if (p == Precision::kSingle && cov_ != Covariance::kFull)
+  if (p == Precision::kSingle && !full_moments(cov_))
     throw Error(
-        "--precision single needs --covariance full (the diagonal E-step has no products "
-        "to speed up)");
+        "--precision single needs --covariance full or tied (the diagonal and spherical "
+        "E-steps have no products to speed up)");
   precision_ = p;
   if (prec_chol_.size() == std::size_t(k_)) refresh_kernel();
 }
 
 void Model::refresh_kernel() {
-  if (cov_ != Covariance::kFull) return;
+  if (!full_moments(cov_)) return;
   const int d = dim(), kk = n_components();
   prec_chol_t_f_.clear();
   if (precision_ == Precision::kSingle)
@@ -770,10 +860,43 @@ double Model::natural_inner(const Stats& g, const Stats& h) const {
   //   Dirichlet alpha_k - 1 <- N_k;  sticks (a_k - 1, b_k - 1) <- (N_k, sum_{j>k} N_j);
   //   beta_k <- N_k;  beta_k m_k <- Sx_k;  W_k^-1 + beta_k m_k m_k^T <- Sxx_k;  nu_k <- N_k.
   // Sxx is a symmetric matrix stored packed (full): off-diagonal entries count twice.
+  // Tied: one nu <- sum_k N_k and one W^-1 + sum_k beta_k m_k m_k^T <- sum_k Sxx_k. Spherical:
+  // nu_k <- D N_k and the scalar W_k^-1 + beta_k ||m_k||^2 <- sum_d Sxx_kd.
   const int d = dim(), kk = n_components();
   double s = 0, tail_g = 0, tail_h = 0;
+  const bool pooled = cov_ == Covariance::kTied || cov_ == Covariance::kSpherical;
+  if (cov_ == Covariance::kTied) {
+    const std::size_t m = g.moment_size();
+    std::vector<double> sg(m, 0.0), sh(m, 0.0);
+    double ng = 0, nh = 0;
+    for (int k = 0; k < kk; ++k) {
+      ng += g.n(k);
+      nh += h.n(k);
+      for (std::size_t i = 0; i < m; ++i) {
+        sg[i] += g.sxx(k)[i];
+        sh[i] += h.sxx(k)[i];
+      }
+    }
+    s += ng * nh;
+    std::size_t p = 0;
+    for (int i = 0; i < d; ++i)
+      for (int j = i; j < d; ++j, ++p) s += (i == j ? 1.0 : 2.0) * sg[p] * sh[p];
+  }
   for (int k = kk - 1; k >= 0; --k) {
-    s += 3.0 * g.n(k) * h.n(k);  // weights, beta, nu
+    if (!pooled) {
+      s += 3.0 * g.n(k) * h.n(k);  // weights, beta, nu
+    } else {
+      s += 2.0 * g.n(k) * h.n(k);  // weights, beta
+      if (cov_ == Covariance::kSpherical) {
+        s += double(d) * d * g.n(k) * h.n(k);  // nu_k
+        double sg = 0, sh = 0;
+        for (int j = 0; j < d; ++j) {
+          sg += g.sxx(k)[j];
+          sh += h.sxx(k)[j];
+        }
+        s += sg * sh;
+      }
+    }
     if (prior_.weights == WeightPrior::kStickBreaking) {
       s += tail_g * tail_h;
       tail_g += g.n(k);
@@ -781,6 +904,7 @@ double Model::natural_inner(const Stats& g, const Stats& h) const {
     }
     for (int j = 0; j < d; ++j) s += g.sx(k)[j] * h.sx(k)[j];
     const double *pg = g.sxx(k), *ph = h.sxx(k);
+    if (pooled) continue;
     if (cov_ == Covariance::kFull) {
       for (int i = 0; i < d; ++i)
         for (int j = i; j < d; ++j) s += (i == j ? 1.0 : 2.0) * (*pg++) * (*ph++);
@@ -802,7 +926,7 @@ double Model::elbo(const Stats& s) const {
   const double b0 = prior_.beta0;
   double logdet_w0 = 0;
   Eigen::LLT<MatrixXd> llt0;
-  if (cov_ == Covariance::kFull) {
+  if (full_moments(cov_)) {
     llt0.compute(prior_.W0_inv);
     logdet_w0 = -2.0 * MatrixXd(llt0.matrixL()).diagonal().array().log().sum();
   }
@@ -812,19 +936,29 @@ double Model::elbo(const Stats& s) const {
     const VectorXd dm = m_shifted_.row(k).transpose() - (prior_.m0 - shift_);
     // Gaussian parts; the E[ln|Lambda_k|]/2 of (10.74) and (10.77) cancel.
     double quad_m, tr_w0inv_w;
-    if (cov_ == Covariance::kFull) {
+    if (full_moments(cov_)) {
       quad_m = (prec_chol_[k].transpose() * dm).squaredNorm();  // (m_k - m0)^T W_k (m_k - m0)
       const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
       tr_w0inv_w = prior_.W0_inv.cwiseProduct(w).sum();
-    } else {
+    } else if (cov_ == Covariance::kDiag) {
       quad_m = (dm.cwiseAbs2().array() * w_diag_.row(k).transpose().array()).sum();
       tr_w0inv_w = (prior_.W0_inv.col(0).array() * w_diag_.row(k).transpose().array()).sum();
+    } else {  // spherical: E[ln p(lambda_k)] holds -W0^-1 E[lambda_k] / 2 once, not per dimension
+      quad_m = w_diag_(k, 0) * dm.squaredNorm();
+      tr_w0inv_w = prior_.W0_inv(0, 0) * w_diag_(k, 0);
     }
     l += 0.5 * (d * std::log(b0 / (2 * M_PI)) - d * b0 / bk - b0 * nuk * quad_m);
     l -= 0.5 * d * std::log(bk / (2 * M_PI)) - 0.5 * d;
+    // Tied: the Wishart's own terms (this one and those below) enter once, not per component.
+    if (cov_ == Covariance::kTied && k > 0) continue;
     l -= 0.5 * nuk * tr_w0inv_w;
     // Wishart parts: ln B(W0, nu0) + (nu0 - p - 1)/2 E[ln|Lambda|] + H[Lambda], per Wishart block.
-    if (cov_ == Covariance::kFull) {
+    if (cov_ == Covariance::kSpherical) {
+      const double logw = std::log(w_diag_(k, 0));
+      const double elog = math::expected_logdet_wishart(logw, nuk, 1);
+      l += math::log_wishart_norm(-std::log(prior_.W0_inv(0, 0)), prior_.nu0, 1) +
+           0.5 * (prior_.nu0 - 2) * elog + math::wishart_entropy(logw, nuk, 1, elog);
+    } else if (full_moments(cov_)) {
       l += math::log_wishart_norm(logdet_w0, prior_.nu0, d) +
            0.5 * (prior_.nu0 - d - 1) * e_logdet_[k] +
            math::wishart_entropy(logdet_w_[k], nuk, d, e_logdet_[k]);
@@ -843,7 +977,11 @@ double Model::elbo(const Stats& s) const {
 double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks) const {
   // Bishop 2006, eq. 10.81: p(x) ~ sum_k (alpha_k / alpha_hat) St(x | m_k, L_k, nu_k + 1 - D) with
   // L_k = (nu_k + 1 - D) beta_k / (1 + beta_k) W_k. The diagonal model factorises over
-  // dimensions into 1-D Student-t densities with nu_k degrees of freedom.
+  // dimensions into 1-D Student-t densities with nu_k degrees of freedom. Tied is the full case
+  // with the shared W and nu. Spherical, integrating the one lambda_k shared by the D dimensions:
+  // x | lambda ~ N(m_k, (1 + beta_k)/(beta_k lambda) I) and lambda ~ Gamma(nu_k/2, 1/(2 w_k)) give
+  // a D-dimensional Student-t with nu_k degrees of freedom and L_k = nu_k beta_k/(1 + beta_k) w_k
+  // I.
   const Index n_blocks = (x.rows() + kBlockRows - 1) / kBlockRows;
   std::vector<double> partial(static_cast<std::size_t>(n_blocks), 0.0);
   auto finish = [&] {
@@ -871,12 +1009,12 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
   const VectorXd log_w = weights().array().log().matrix();
   Eigen::VectorXd base(kk), scale(kk), dof(kk);
   for (int k = 0; k < kk; ++k) {
-    const double nup = cov_ == Covariance::kFull ? post_.nu[k] + 1 - d : post_.nu[k];
+    const double nup = full_moments(cov_) ? post_.nu[k] + 1 - d : post_.nu[k];
     const double c = nup * post_.beta[k] / (1 + post_.beta[k]);
     dof[k] = nup;
     scale[k] = c;
-    const int dims_per_t = cov_ == Covariance::kFull ? d : 1;
-    const int n_t = cov_ == Covariance::kFull ? 1 : d;
+    const int dims_per_t = cov_ == Covariance::kDiag ? 1 : d;
+    const int n_t = cov_ == Covariance::kDiag ? d : 1;
     base[k] = log_w[k] +
               n_t * (std::lgamma(0.5 * (nup + dims_per_t)) - std::lgamma(0.5 * nup) -
                      0.5 * dims_per_t * std::log(M_PI * nup) + 0.5 * dims_per_t * std::log(c)) +
@@ -887,10 +1025,15 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
     const RowMatrix xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
     RowMatrix lp(n, kk);
     for (int k = 0; k < kk; ++k) {
-      if (cov_ == Covariance::kFull) {
+      if (full_moments(cov_)) {
         RowMatrix y = xc * prec_chol_[k];
         y.rowwise() -= m_shifted_.row(k) * prec_chol_[k];
         const Eigen::ArrayXd delta2 = scale[k] * y.rowwise().squaredNorm().array();
+        lp.col(k) = (base[k] - 0.5 * (dof[k] + d) * (delta2 / dof[k]).log1p()).matrix();
+      } else if (cov_ == Covariance::kSpherical) {
+        const Eigen::ArrayXd delta2 =
+            scale[k] * w_diag_(k, 0) *
+            (xc.rowwise() - m_shifted_.row(k)).rowwise().squaredNorm().array();
         lp.col(k) = (base[k] - 0.5 * (dof[k] + d) * (delta2 / dof[k]).log1p()).matrix();
       } else {
         const Eigen::ArrayXXd delta2 =
@@ -929,8 +1072,7 @@ RowMatrix Model::means() const {
 std::vector<MatrixXd> Model::precisions_cholesky() const {
   std::vector<MatrixXd> p(static_cast<std::size_t>(n_components()));
   for (int k = 0; k < n_components(); ++k)
-    p[k] = cov_ == Covariance::kFull ? prec_chol_[k]
-                                     : MatrixXd(w_diag_.row(k).transpose().cwiseSqrt());
+    p[k] = full_moments(cov_) ? prec_chol_[k] : MatrixXd(w_diag_.row(k).transpose().cwiseSqrt());
   return p;
 }
 
@@ -944,8 +1086,8 @@ std::vector<MatrixXd> Model::covariances() const {
 std::vector<MatrixXd> Model::scale_matrices() const {
   std::vector<MatrixXd> w(static_cast<std::size_t>(n_components()));
   for (int k = 0; k < n_components(); ++k)
-    w[k] = cov_ == Covariance::kFull ? MatrixXd(prec_chol_[k] * prec_chol_[k].transpose())
-                                     : MatrixXd(w_diag_.row(k).transpose());
+    w[k] = full_moments(cov_) ? MatrixXd(prec_chol_[k] * prec_chol_[k].transpose())
+                              : MatrixXd(w_diag_.row(k).transpose());
   return w;
 }
 

@@ -16,6 +16,19 @@
 //
 // Full covariance uses a D-dimensional Wishart; diagonal covariance gives each dimension its own
 // 1-D Wishart (a Gamma) sharing beta_k and nu_k, so the diagonal model is exactly conjugate.
+// Tied covariance shares one D-dimensional Wishart Lambda among the components, with
+// mu_k | Lambda ~ N(m0, (beta0 Lambda)^-1): its exact posterior is q(Lambda) = W(W, nu0 + N), the
+// scatter of every component pooled (Bishop 2006, eqs 10.59-10.63 summed over k; the factor
+// |Lambda|^(1/2) of each mean's prior cancels against its posterior). Spherical covariance gives
+// component k one precision lambda_k I, lambda_k ~ W_1(W0, nu0) (a Gamma), mu_k | lambda_k ~
+// N(m0, (beta0 lambda_k)^-1 I): a point brings D dimensions of evidence, so nu_k = nu0 + D N_k and
+// W_k^-1 sums the diagonal scatter over dimensions. Both are exact conjugate models; they are not
+// scikit-learn's tied and spherical updates, which are heuristics (docs/architecture.md).
+//
+// Storage: tied holds K equal copies of the shared W^-1, nu and Cholesky factor, and uses the
+// full model's statistics and E-step; spherical holds each W_k^-1 (and the prior's W0^-1) as a
+// D x 1 vector of equal entries and uses the diagonal model's statistics and E-step. Only update(),
+// the ELBO's Wishart terms, the predictive density and natural_inner() differ.
 //
 // The model knows nothing of MPI or files. A step is:
 //   local_step(shard)    -> Stats  (E-step over local rows; OpenMP inside)
@@ -41,9 +54,14 @@ namespace caviar::gmm {
 
 using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-enum class Covariance { kFull, kDiag };
+enum class Covariance { kFull, kDiag, kTied, kSpherical };
 Covariance parse_covariance(const std::string& s);
 std::string to_string(Covariance c);
+// Whether the statistics and the E-step are the full model's (full, tied) or the diagonal
+// model's (diag, spherical).
+inline bool full_moments(Covariance c) {
+  return c == Covariance::kFull || c == Covariance::kTied;
+}
 
 enum class WeightPrior { kDirichlet, kStickBreaking };
 WeightPrior parse_weight_prior(const std::string& s);
@@ -64,7 +82,8 @@ struct Prior {
   double beta0 = 1;        // precision scaling of the mean
   double nu0 = 0;          // Wishart degrees of freedom
   Eigen::VectorXd m0;      // D
-  Eigen::MatrixXd W0_inv;  // inverse Wishart scale: full D x D; diag D x 1 (the diagonal)
+  Eigen::MatrixXd W0_inv;  // inverse Wishart scale: full, tied D x D; diag D x 1 (the diagonal);
+                           // spherical D x 1, every entry the scalar W0^-1
 };
 
 // Default priors: alpha0 = 1/K, beta0 = 1, m0 = 0, W0 = I, nu0 = D.
@@ -77,14 +96,15 @@ struct Posterior {
   Eigen::VectorXd stick_a, stick_b;    // K each, q(v_k) = Beta(a_k, b_k) (stick-breaking only)
   Eigen::VectorXd beta, nu;            // K
   RowMatrix m;                         // K x D
-  std::vector<Eigen::MatrixXd> W_inv;  // K of (D x D) full, or (D x 1) diag
+  std::vector<Eigen::MatrixXd> W_inv;  // K of (D x D) full and tied (equal copies), or (D x 1)
+                                       // diag and spherical (equal entries)
 };
 
 // Maximum-likelihood parameters (EM): sklearn GaussianMixture's weights_, means_, covariances_.
 struct MlParams {
   Eigen::VectorXd weights;                   // K
   RowMatrix means;                           // K x D
-  std::vector<Eigen::MatrixXd> covariances;  // K of (D x D) full, or (D x 1) diag
+  std::vector<Eigen::MatrixXd> covariances;  // as Posterior::W_inv
 };
 
 class Model;
