@@ -2,8 +2,9 @@
 
 ``fit`` runs ``caviar gmm fit`` (under ``mpirun -n n_ranks`` when n_ranks > 1) and reads the
 model file it writes; ``predict``, ``predict_proba``, ``score_samples``, ``score`` and ``sample``
-are computed here with NumPy from the fitted attributes, by the formulas of caviar's model (which
-for full covariance are scikit-learn's).
+are computed here with NumPy from the fitted attributes, by the formulas of caviar's model
+(scikit-learn's for GaussianMixture and for the variational full covariance; see
+BayesianGaussianMixture for the others).
 """
 
 import numbers
@@ -29,7 +30,7 @@ try:  # scikit-learn >= 1.2: the estimators' own parameter constraints
 except ImportError:  # pragma: no cover
     _BGM_CONSTRAINTS, _GM_CONSTRAINTS = {}, {}
 
-_SUPPORTED_COVARIANCE = ("full", "diag")
+_COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 _CONVERGENCE_MSG = ("Initialization 1 did not converge. Try different init parameters, or "
                     "increase max_iter, tol or check for degenerate data.")
 
@@ -68,15 +69,20 @@ def _attr(attrs, key, default=None):
     return v
 
 
+def _upper_precision_factor(cov):
+    """The upper factor P of Sigma^-1 = P P^T, as scikit-learn computes it: (L^-1)^T with
+    Sigma = L L^T."""
+    chol = linalg.cholesky(cov, lower=True)
+    return linalg.solve_triangular(chol, np.eye(len(cov)), lower=True).T
+
+
 def _precisions_cholesky_from_covariances(covariances, covariance_type):
-    """As scikit-learn: the upper factor P with precision = P P^T (diag: 1/sigma)."""
+    """As scikit-learn: the upper factor P with precision = P P^T, one per component (full) or
+    one shared (tied); diag and spherical: 1/sigma."""
     if covariance_type == "full":
-        K, D, _ = covariances.shape
-        out = np.empty((K, D, D))
-        for k, cov in enumerate(covariances):
-            chol = linalg.cholesky(cov, lower=True)
-            out[k] = linalg.solve_triangular(chol, np.eye(D), lower=True).T
-        return out
+        return np.stack([_upper_precision_factor(cov) for cov in covariances])
+    if covariance_type == "tied":
+        return _upper_precision_factor(covariances)
     return 1.0 / np.sqrt(covariances)
 
 
@@ -105,21 +111,23 @@ def _check_init_weights(value, K):
 
 
 def _covariances_of_precisions(value, covariance_type, K, D):
-    """precisions_init checked (scikit-learn's messages) and turned into the covariances that
-    caviar's --init-params file holds: full, Sigma = L^-T L^-1 from the Cholesky factor
-    Lambda = L L^T; diag, 1 / lambda."""
+    """precisions_init checked (scikit-learn's shapes and messages) and turned into the
+    covariances of a model file in the fit's shape: full (K, D, D) and tied (D, D),
+    Sigma = L^-T L^-1 from the Cholesky factor Lambda = L L^T; diag (K, D) and spherical (K,),
+    1 / lambda."""
     name = "%s precision" % covariance_type
-    if covariance_type == "full":
-        prec = _check_init_array(value, (K, D, D), name)
+    if covariance_type in ("full", "tied"):
+        shape = (K, D, D) if covariance_type == "full" else (D, D)
+        prec = _check_init_array(value, shape, name)
         out = np.empty_like(prec)
-        for k, lam in enumerate(prec):
+        for lam, cov in zip(prec.reshape(-1, D, D), out.reshape(-1, D, D)):
             if not (np.allclose(lam, lam.T) and np.all(linalg.eigvalsh(lam) > 0.0)):
                 raise ValueError("'%s' should be symmetric, positive-definite" % name)
             inv_l = linalg.solve_triangular(linalg.cholesky(lam, lower=True), np.eye(D),
                                             lower=True)
-            out[k] = inv_l.T @ inv_l
+            cov[...] = inv_l.T @ inv_l
         return out
-    prec = _check_init_array(value, (K, D), name)
+    prec = _check_init_array(value, (K, D) if covariance_type == "diag" else (K,), name)
     if np.any(prec <= 0.0):
         raise ValueError("'%s' should be positive" % name)
     return 1.0 / prec
@@ -128,6 +136,8 @@ def _covariances_of_precisions(value, covariance_type, K, D):
 def _precisions(prec_chol, covariance_type):
     if covariance_type == "full":
         return np.einsum("kij,klj->kil", prec_chol, prec_chol)
+    if covariance_type == "tied":
+        return prec_chol @ prec_chol.T
     return prec_chol ** 2
 
 
@@ -149,10 +159,10 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
     def _check_caviar_params(self):
         if hasattr(self, "_validate_params"):
             self._validate_params()  # scikit-learn's own constraints and messages
-        if self.covariance_type not in _SUPPORTED_COVARIANCE:
-            raise _not_implemented(
-                "covariance_type=%r" % (self.covariance_type,),
-                "`caviar gmm fit --covariance` takes full or diag")
+        if self.covariance_type not in _COVARIANCE_TYPES:
+            # scikit-learn < 1.2 has no _validate_params to refuse it first.
+            raise ValueError("covariance_type must be one of %s, got %r"
+                             % (", ".join(_COVARIANCE_TYPES), self.covariance_type))
         _check_launch(self)
         algorithm = getattr(self, "algorithm", "em")
         if algorithm not in self._algorithms:
@@ -343,7 +353,10 @@ class _CaviarMixture(DensityMixin, BaseEstimator):
         if self.covariance_type == "full":
             X = np.vstack([rng.multivariate_normal(m, c, int(s))
                            for m, c, s in zip(self.means_, self.covariances_, counts)])
-        else:
+        elif self.covariance_type == "tied":
+            X = np.vstack([rng.multivariate_normal(m, self.covariances_, int(s))
+                           for m, s in zip(self.means_, counts)])
+        else:  # diag: sigma per feature; spherical: one sigma broadcast over the features
             X = np.vstack([m + rng.standard_normal(size=(s, n_features)) * np.sqrt(c)
                            for m, c, s in zip(self.means_, self.covariances_, counts)])
         y = np.concatenate([np.full(s, j, dtype=int) for j, s in enumerate(counts)])
@@ -372,14 +385,33 @@ class BayesianGaussianMixture(_CaviarMixture):
     mean_prior : None or array
         None: the data mean (caviar --prior-mean data). An array works by fitting X - mean_prior
         with a zero prior mean (the model is translation equivariant), for in-memory X only.
-    covariance_prior : None or array
-        None: the data covariance (caviar --prior-scale data, normalised by N - 1 as
-        numpy.cov); the identity (np.eye(D), diag: np.ones(D)) is also accepted. Other
-        matrices raise NotImplementedError.
+    covariance_prior : None, array or float
+        None: scikit-learn's default (caviar --prior-scale data): the data covariance (full,
+        tied; normalised by N - 1 as numpy.cov), the per-feature variances (diag) or their
+        mean (spherical). The identity is also accepted (np.eye(D); diag: np.ones(D);
+        spherical: 1.0). Other values raise NotImplementedError.
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}
+        caviar's models are the exact conjugate ones, fitted by coordinate ascent (or SVI) on
+        their ELBO; for tied and spherical they are not scikit-learn's, whose updates for these
+        two types are ad hoc, so the fitted parameters differ (the attributes have
+        scikit-learn's shapes and meaning):
+        'tied': one Wishart q(Lambda) = W(W, nu) shared by all components and
+        q(mu_k | Lambda) = N(m_k, (beta_k Lambda)^-1); nu = nu0 + N (scikit-learn:
+        nu0 + N / K) and W^-1 = W0^-1 + sum_k [N_k S_k + beta0 N_k / beta_k (xbar_k - m0)
+        (xbar_k - m0)^T] (scikit-learn divides the sum by K), so the prior weighs K times less
+        than in scikit-learn. degrees_of_freedom_ is one number, as scikit-learn's.
+        'spherical': a precision lambda_k I per component, lambda_k ~ Gamma(nu0 / 2, rate
+        W0^-1 / 2) (a 1-D Wishart) and mu_k | lambda_k ~ N(m0, (beta0 lambda_k)^-1 I);
+        nu_k = nu0 + D N_k (scikit-learn: nu0 + N_k) and w_k^-1 = W0^-1 + sum_d [N_k S_kdd +
+        beta0 N_k / beta_k (xbar_kd - m0_d)^2] (scikit-learn: the mean over d); its E-step
+        has E[ln|Lambda_k|] = D (psi(nu_k / 2) + ln 2 + ln w_k) where scikit-learn uses the
+        full Wishart's sum of D digammas. covariance_prior_ is one number.
+        covariances_ is E_q[Lambda]^-1 = W^-1 / nu for every type, as in scikit-learn.
+    degrees_of_freedom_prior : caviar needs nu0 > D - 1 for full and tied, > 0 for diag and
+        spherical (whose precisions are 1-D Wisharts); scikit-learn asks > D - 1 for all.
     warm_start : once fitted, fit() continues from the previous fit's whole variational
         posterior for max_iter more iterations (caviar's --warm-start on its model file);
         n_init and the initialisation are then ignored, as in scikit-learn.
-    covariance_type 'tied'/'spherical' raise NotImplementedError.
     n_init runs caviar's --n-init (starts keyed by random_state and the start).
     verbose_interval : not used (caviar reports every iteration; verbose > 0 prints them).
 
@@ -491,8 +523,11 @@ class BayesianGaussianMixture(_CaviarMixture):
         if self.covariance_prior is None:
             args += ["--prior-scale", "data"]
         else:
+            # W0^-1 = I in scikit-learn's shape of covariance_prior for the type.
             cp = np.asarray(self.covariance_prior, dtype=np.float64)
-            ident = np.eye(n_features) if self.covariance_type == "full" else np.ones(n_features)
+            ident = {"full": np.eye(n_features), "tied": np.eye(n_features),
+                     "diag": np.ones(n_features), "spherical": np.float64(1.0)}[
+                         self.covariance_type]
             if cp.shape != ident.shape or not np.array_equal(cp, ident):
                 raise _not_implemented(
                     "covariance_prior other than None (the data covariance) or the identity",
@@ -513,7 +548,7 @@ class BayesianGaussianMixture(_CaviarMixture):
             else:
                 self.weight_concentration_ = (post["stick_a"][...], post["stick_b"][...])
             self.mean_precision_ = post["beta"][...]
-            self.degrees_of_freedom_ = post["nu"][...]
+            self._nu = post["nu"][...]
             self._W_inv = post["W_inv"][...]
             self.weight_concentration_prior_ = float(prior["alpha0"][()])
             self.mean_precision_prior_ = float(prior["beta0"][()])
@@ -521,6 +556,16 @@ class BayesianGaussianMixture(_CaviarMixture):
             self.degrees_of_freedom_prior_ = float(prior["nu0"][()])
             self.covariance_prior_ = prior["W0_inv"][...]
             self.elbo_trace_ = f["trace/elbo"][...]
+        # scikit-learn's shapes: tied has one degrees_of_freedom_ (caviar writes it for each
+        # component, all equal) and spherical one covariance_prior_ (caviar: a (1,) array).
+        self.degrees_of_freedom_ = self._nu
+        if self.covariance_type == "tied":
+            if np.any(self._nu != self._nu[0]):
+                raise ValueError("%s: the tied model's /posterior/nu are not all equal: %r"
+                                 % (path, self._nu))
+            self.degrees_of_freedom_ = float(self._nu[0])
+        elif self.covariance_type == "spherical":
+            self.covariance_prior_ = float(self.covariance_prior_.reshape(()))
         if shift is not None:
             self.means_ = self.means_ + shift
             self.mean_prior_ = self.mean_prior_ + shift
@@ -543,25 +588,36 @@ class BayesianGaussianMixture(_CaviarMixture):
 
     def _estimate_log_prob(self, X):
         """E_q[ln N(x | mu_k, Lambda_k^-1)] (Bishop 10.64-10.65; ln rho_nk of 10.46 without
-        E[ln pi_k]). Diagonal: caviar's model has an independent 1-D Wishart per dimension,
+        E[ln pi_k]), for caviar's conjugate models:
+        full: one Wishart W(W_k, nu_k) per component; tied: one W(W, nu) for all, so the
+        formulas of full with W_k = W; diag: an independent 1-D Wishart per dimension,
         E[ln Lambda_kd] = psi(nu_k / 2) + ln 2 + ln W_kd (scikit-learn's diag uses the full
-        Wishart's sum of D digammas instead)."""
+        Wishart's sum of D digammas instead); spherical: Lambda_k = lambda_k I with lambda_k a
+        1-D Wishart of scale w_k and nu_k degrees of freedom, E[ln|Lambda_k|] =
+        D (psi(nu_k / 2) + ln 2 + ln w_k)."""
         n, D = X.shape
-        nu, beta, m = self.degrees_of_freedom_, self.mean_precision_, self.means_
+        nu, beta, m = self._nu, self.mean_precision_, self.means_
+        cov = self.covariance_type
+        if cov == "tied":
+            C_tied = linalg.cholesky(self._W_inv, lower=True)
         out = np.empty((n, len(nu)))
         for k in range(len(nu)):
             diff = X - m[k]
-            if self.covariance_type == "full":
+            if cov in ("full", "tied"):
                 # W_k^-1 = C C^T: (x-m)^T W_k (x-m) = |C^-1 (x-m)|^2, ln|W_k| = -2 sum ln diag C
-                C = linalg.cholesky(self._W_inv[k], lower=True)
+                C = C_tied if cov == "tied" else linalg.cholesky(self._W_inv[k], lower=True)
                 y = linalg.solve_triangular(C, diff.T, lower=True)
                 maha = np.einsum("ij,ij->j", y, y)
                 e_logdet = (np.sum(digamma(0.5 * (nu[k] - np.arange(D)))) + D * np.log(2.0)
                             - 2.0 * np.sum(np.log(np.diag(C))))
-            else:
+            elif cov == "diag":
                 w = 1.0 / self._W_inv[k]
                 maha = (diff * diff) @ w
                 e_logdet = D * (digamma(0.5 * nu[k]) + np.log(2.0)) + np.sum(np.log(w))
+            else:
+                w = 1.0 / self._W_inv[k]
+                maha = w * np.einsum("ij,ij->i", diff, diff)
+                e_logdet = D * (digamma(0.5 * nu[k]) + np.log(2.0) + np.log(w))
             out[:, k] = 0.5 * (e_logdet - D * np.log(2 * np.pi) - D / beta[k] - nu[k] * maha)
         return out
 
@@ -582,8 +638,11 @@ class GaussianMixture(_CaviarMixture):
     warm_start : once fitted, fit() continues EM from the fitted parameters for max_iter
         more iterations (caviar's --warm-start on the previous model file; n_init and the
         *_init are then ignored, as in scikit-learn).
-    covariance_type 'tied'/'spherical' raise NotImplementedError. n_init runs caviar's
-    --n-init (not with given parameters, from which every start is the same).
+    covariance_type : {'full', 'tied', 'diag', 'spherical'}, scikit-learn's models (EM is the
+        same algorithm), with precisions_init in scikit-learn's shapes: (K, D, D), (D, D),
+        (K, D), (K,).
+    n_init runs caviar's --n-init (not with given parameters, from which every start is the
+    same).
     reg_covar is caviar's --reg-covar (the same meaning as scikit-learn's).
 
     caviar's own parameters: n_ranks, n_threads, caviar_bin, mpirun, stream, init_resp, as in
@@ -677,23 +736,28 @@ class GaussianMixture(_CaviarMixture):
             return np.log(self.weights_)
 
     def _estimate_log_prob(self, X):
-        """ln N(x | mu_k, Sigma_k) from the precisions' Cholesky factors (P P^T = Sigma^-1)."""
+        """ln N(x | mu_k, Sigma_k) from the precisions' Cholesky factors (P P^T = Sigma^-1):
+        per component (full), shared (tied), 1/sigma per feature (diag) or one 1/sigma_k for
+        every feature (spherical)."""
         n, D = X.shape
+        cov, pc = self.covariance_type, self.precisions_cholesky_
         out = np.empty((n, len(self.weights_)))
-        for k, (mu, P) in enumerate(zip(self.means_, self.precisions_cholesky_)):
-            if self.covariance_type == "full":
+        for k, mu in enumerate(self.means_):
+            if cov in ("full", "tied"):
+                P = pc[k] if cov == "full" else pc
                 y = (X - mu) @ P
                 logdet = np.sum(np.log(np.diag(P)))
             else:
-                y = (X - mu) * P
-                logdet = np.sum(np.log(P))
+                y = (X - mu) * pc[k]
+                logdet = np.sum(np.log(pc[k])) if cov == "diag" else D * np.log(pc[k])
             out[:, k] = -0.5 * (D * np.log(2 * np.pi) + np.einsum("ij,ij->i", y, y)) + logdet
         return out
 
     def _n_parameters(self):
-        """Free parameters of the model (for bic and aic)."""
+        """Free parameters of the model (for bic and aic), as scikit-learn counts them."""
         K, D = self.means_.shape
-        cov = K * D * (D + 1) / 2.0 if self.covariance_type == "full" else K * D
+        cov = {"full": K * D * (D + 1) / 2.0, "tied": D * (D + 1) / 2.0, "diag": K * D,
+               "spherical": K}[self.covariance_type]
         return int(cov + K * D + K - 1)
 
     def _n_rows(self, X):

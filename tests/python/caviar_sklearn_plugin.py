@@ -10,14 +10,11 @@ Driven by environment variables set by the runner:
                         exception (any other failure, or a pass, fails the run). A test is
                         "file.py::name" (every parametrisation) or "file.py::name[id]".
   CAVIAR_SUITE_RESULTS  where to write {nodeid: {"outcome", "caviar_runs", "message"}}.
-  CAVIAR_SUITE_COVARIANCE_TYPES  comma list: the test modules' COVARIANCE_TYPE is set to it
-                        (the tests loop over it).
   CAVIAR_SUITE_RANKS    every caviar run of the estimators uses this many MPI ranks.
 """
 
 import json
 import os
-import sys
 
 import pytest
 
@@ -54,12 +51,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    types = os.environ.get("CAVIAR_SUITE_COVARIANCE_TYPES")
-    if types:
-        # RandomData (test_gaussian_mixture) and the tests' loops read the module global.
-        for name, mod in list(sys.modules.items()):
-            if name.startswith("sklearn.mixture.tests.") and hasattr(mod, "COVARIANCE_TYPE"):
-                mod.COVARIANCE_TYPE = types.split(",")
     import builtins
     for item in items:
         exp = _key_matches(item.nodeid, _state["expect"])

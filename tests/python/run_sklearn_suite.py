@@ -9,12 +9,10 @@ test_bayesian_mixture.py, test_gaussian_mixture.py and test_mixture.py. pytest r
 caviar_sklearn_plugin.py, which puts caviar.BayesianGaussianMixture and caviar.GaussianMixture
 in place of scikit-learn's before the modules are imported. Parts:
 
-  suite      every test, 1 rank. A test passes, or is in CANNOT_APPLY (name -> reason and the
+  suite      every test, 1 rank, every covariance type the modules loop over (full, tied,
+             diag, spherical). A test passes, or is in CANNOT_APPLY (name -> reason and the
              exception it must fail with). A listed test that passes, an unlisted test that
              fails, or a listed test that fails with another exception fails the run.
-  fulldiag   the tests listed only because they loop over covariance_type 'tied' and
-             'spherical' (caviar has full and diag), run again with the modules'
-             COVARIANCE_TYPE = ['full', 'diag']; same rules, with FULLDIAG_CANNOT_APPLY.
   ranks2     a few passing tests again with every caviar run at 2 MPI ranks.
   predict    the estimators' NumPy responsibilities against `caviar gmm predict
              --save-responsibilities` of the same model (1e-12), for every model variant.
@@ -39,52 +37,24 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 SK_TESTS = "/usr/lib/python3/dist-packages/sklearn/mixture/tests"
 MODULES = ["test_bayesian_mixture.py", "test_gaussian_mixture.py", "test_mixture.py"]
 
-TIED = ("loops over covariance_type 'tied' and 'spherical', which caviar does not implement "
-        "yet (NotImplementedError); run again for 'full' and 'diag' in part fulldiag")
-
 # test -> (reason, the exception it must fail with)
 CANNOT_APPLY = {
     # test_bayesian_mixture.py
     "test_bayesian_mixture.py::test_bayesian_mixture_precisions_prior_initialisation": (
         "checks scikit-learn's error text for degrees_of_freedom_prior = D - 1; caviar's is "
         "'caviar: error: --nu0 must be > 1 (got 1.000000)' (a CaviarError, a ValueError: the "
-        "type matches, the regex does not). It then needs a general covariance_prior and "
-        "tied/spherical, which caviar does not implement", "AssertionError"),
-    "test_bayesian_mixture.py::test_monotonic_likelihood": (TIED, "NotImplementedError"),
+        "type matches, the regex does not). It then sets covariance_prior to the data "
+        "covariance + 10 (full), + 5 (tied), the variances + 3 (diag) and a random number "
+        "(spherical); caviar's --prior-scale takes only the data's or the identity",
+        "AssertionError"),
     "test_bayesian_mixture.py::test_compare_covar_type": (
         "calls the private methods _check_parameters and _initialize_parameters",
         "AttributeError"),
-    "test_bayesian_mixture.py::test_check_covariance_precision": (TIED, "NotImplementedError"),
-    "test_bayesian_mixture.py::test_bayesian_mixture_fit_predict": (TIED, "NotImplementedError"),
-    "test_bayesian_mixture.py::test_bayesian_mixture_predict_predict_proba": (
-        TIED, "NotImplementedError"),
     # test_gaussian_mixture.py
-    "test_gaussian_mixture.py::test_check_precisions": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_estimate_log_prob_resp": (
-        TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_predict_predict_proba": (
-        TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit_predict": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit_best_params": (
-        TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_fit_convergence_warning": (
-        TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_multiple_init": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_n_parameters": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_bic_1d_1component": (
-        "compares full with 'tied', 'diag' and 'spherical' (its own list, not COVARIANCE_TYPE); "
-        "caviar does not implement tied and spherical yet", "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_aic_bic": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_gaussian_mixture_verbose": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_monotonic_likelihood": (TIED, "NotImplementedError"),
     "test_gaussian_mixture.py::test_regularisation": (
         "checks scikit-learn's error text for a collapsed component; caviar's is 'caviar: "
         "error: EM: the covariance of component k is singular ...; add a small --reg-covar' "
-        "(a CaviarError, a ValueError: the type matches, the regex does not); it also loops "
-        "over tied/spherical", "AssertionError"),
-    "test_gaussian_mixture.py::test_property": (TIED, "NotImplementedError"),
-    "test_gaussian_mixture.py::test_sample": (TIED, "NotImplementedError"),
+        "(a CaviarError, a ValueError: the type matches, the regex does not)", "AssertionError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_precisions_init_diag": (
         "pairs precisions_init computed from scikit-learn's KMeans labels with the means and "
         "weights of the estimator's own init_params='kmeans' start, caviar's k-means++, which "
@@ -92,18 +62,23 @@ CANNOT_APPLY = {
         "parameters (log-likelihood -3844 against -2465), and takes one iteration more than "
         "the plain fit (2 against 1; both end at the same log-likelihood)", "AssertionError"),
     "test_gaussian_mixture.py::test_gaussian_mixture_setting_best_params": (
-        "covariance_type='spherical' with weights_init/means_init/precisions_init, which caviar "
-        "does not implement", "NotImplementedError"),
+        "asserts that one EM iteration with reg_covar=0 raises no error. Its means_init put "
+        "components 0 and 1 within 3e-15 of a data point with precision 1e6, so each keeps "
+        "that one point and its spherical variance is round-off (scikit-learn: 3.6e-16 and "
+        "9.1e-16, accepted as > 0); caviar calls a covariance singular when a variance (full "
+        "and tied: a Cholesky pivot) is below 100 eps times the raw second moment, its "
+        "round-off level, and raises CaviarError 'EM: the covariance of component 0 is "
+        "singular ...'", "ValueError"),
 }
 
-# Part fulldiag: the TIED tests with COVARIANCE_TYPE = ['full', 'diag'] that still cannot pass.
-FULLDIAG_CANNOT_APPLY = {}
-
-# Part ranks2: passing tests that fit several models, again at 2 ranks.
+# Part ranks2: passing tests that fit several models, again at 2 ranks (the last two loop over
+# the four covariance types).
 RANKS2 = [
     "test_bayesian_mixture.py::test_bayesian_mixture_weights",
     "test_bayesian_mixture.py::test_bayesian_mixture_mean_prior_initialisation",
     "test_mixture.py::test_gaussian_mixture_n_iter",
+    "test_bayesian_mixture.py::test_check_covariance_precision",
+    "test_gaussian_mixture.py::test_gaussian_mixture_n_parameters",
 ]
 
 NON_INTEGER = ("check_estimator's data are random non-negative floats; `caviar lda fit` "
@@ -249,27 +224,13 @@ def part_suite(args, workdir):
     res, dt = run_pytest(args, [os.path.join(SK_TESTS, m) for m in MODULES], CANNOT_APPLY,
                          workdir, "suite", {})
     if res is None:
-        return 1, None
+        return 1
     bad = judge("suite", res, CANNOT_APPLY, dt)
     print("  cannot apply:")
     for key, (reason, exc) in CANNOT_APPLY.items():
         n = sum(1 for t in res if matches(t, {key: 0}))
         print("    %s (%d test%s): %s" % (key, n, "" if n == 1 else "s", reason))
-    return bad, res
-
-
-def part_fulldiag(args, workdir, suite_res):
-    keys = [k for k, (reason, _) in CANNOT_APPLY.items() if reason == TIED]
-    if suite_res is None:
-        tests = [os.path.join(SK_TESTS, k) for k in keys]
-    else:
-        tests = [os.path.join(SK_TESTS, n.split("/")[-1]) for n in sorted(suite_res)
-                 if matches(n, CANNOT_APPLY) in keys]
-    res, dt = run_pytest(args, tests, FULLDIAG_CANNOT_APPLY, workdir, "fulldiag",
-                         {"CAVIAR_SUITE_COVARIANCE_TYPES": "full,diag"})
-    if res is None:
-        return 1
-    return judge("fulldiag", res, FULLDIAG_CANNOT_APPLY, dt)
+    return bad
 
 
 def part_ranks2(args, workdir):
@@ -303,12 +264,21 @@ def part_predict(args, workdir):
     with h5py.File(xfile, "w") as f:
         f["X"] = X
     B = caviar.BayesianGaussianMixture
+    dd = "dirichlet_distribution"
     cases = [(B, dict(covariance_type="full")), (B, dict(covariance_type="diag")),
-             (B, dict(covariance_type="full", weight_concentration_prior_type="dirichlet_distribution")),
-             (B, dict(covariance_type="diag", weight_concentration_prior_type="dirichlet_distribution",
+             (B, dict(covariance_type="full", weight_concentration_prior_type=dd)),
+             (B, dict(covariance_type="diag", weight_concentration_prior_type=dd,
                       mean_prior=np.zeros(3), covariance_prior=np.ones(3))),
+             (B, dict(covariance_type="tied")),
+             (B, dict(covariance_type="tied", weight_concentration_prior_type=dd,
+                      mean_prior=np.zeros(3), covariance_prior=np.eye(3))),
+             (B, dict(covariance_type="spherical")),
+             (B, dict(covariance_type="spherical", weight_concentration_prior_type=dd,
+                      mean_prior=np.zeros(3), covariance_prior=1.0)),
              (caviar.GaussianMixture, dict(covariance_type="full")),
-             (caviar.GaussianMixture, dict(covariance_type="diag"))]
+             (caviar.GaussianMixture, dict(covariance_type="diag")),
+             (caviar.GaussianMixture, dict(covariance_type="tied")),
+             (caviar.GaussianMixture, dict(covariance_type="spherical"))]
     bad = 0
     t0 = time.time()
     for cls, kw in cases:
@@ -337,11 +307,11 @@ def part_predict(args, workdir):
         ok = same_fit and err < 1e-12 and np.array_equal(labels, est.predict(X)) and \
             np.array_equal(est.predict(xfile + ":/X"), est.predict(X))
         bad += not ok
+        shown = ", ".join("%s=%s" % (k, v if isinstance(v, (str, float)) else "array")
+                          for k, v in kw.items())
         print("  %s(%s): same fit as the CLI: %s, max|resp - caviar's| = %.1e, labels equal: "
-              "%s  %s" % (cls.__name__, ", ".join("%s=%s" % (k, v if isinstance(v, str) else
-                                                             "array") for k, v in kw.items()),
-                          same_fit, err, np.array_equal(labels, est.predict(X)),
-                          "ok" if ok else "FAIL"))
+              "%s  %s" % (cls.__name__, shown, same_fit, err,
+                          np.array_equal(labels, est.predict(X)), "ok" if ok else "FAIL"))
     print("[predict] %d of %d model variants agree with `caviar gmm predict`, %.1f s"
           % (len(cases) - bad, len(cases), time.time() - t0))
     return bad
@@ -402,7 +372,7 @@ def main(argv=None):
     ap.add_argument("caviar", metavar="CAVIAR_BIN")
     ap.add_argument("workdir", metavar="WORKDIR")
     ap.add_argument("--part", action="append",
-                    choices=["suite", "fulldiag", "ranks2", "predict", "check_estimator"])
+                    choices=["suite", "ranks2", "predict", "check_estimator"])
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     args.caviar = os.path.abspath(args.caviar)
@@ -415,14 +385,11 @@ def main(argv=None):
         return 2
     os.makedirs(args.workdir, exist_ok=True)
     workdir = os.path.abspath(args.workdir)
-    parts = args.part or ["suite", "fulldiag", "ranks2", "predict", "check_estimator"]
+    parts = args.part or ["suite", "ranks2", "predict", "check_estimator"]
     t0 = time.time()
-    bad, suite_res = 0, None
+    bad = 0
     if "suite" in parts:
-        b, suite_res = part_suite(args, workdir)
-        bad += b
-    if "fulldiag" in parts:
-        bad += part_fulldiag(args, workdir, suite_res)
+        bad += part_suite(args, workdir)
     if "ranks2" in parts:
         bad += part_ranks2(args, workdir)
     if "predict" in parts:

@@ -17,6 +17,13 @@ usage: test_estimators.py CAVIAR_BIN WORKDIR [-v]
              digammas of nu_k/2; the two agree only while all nu_k are equal (check_sklearn.py
              explains), so the diag cases are max_iter=1 from responsibilities with equal column
              sums, and max_iter=0 (the initial M-step only) from arbitrary ones.
+             EM: full, tied, diag and spherical (the same algorithm as scikit-learn's).
+  conjugate  variational tied and spherical, which are caviar's exact conjugate models and not
+             scikit-learn's (its updates for these types are ad hoc), against the NumPy
+             coordinate ascent of those models written below from their formulas
+             (conjugate_m_step, conjugate_log_rho), from the same responsibilities: every
+             fitted attribute, predict_proba and score_samples at rtol 1e-8 after max_iter
+             iterations, scikit-learn's attribute shapes, and an ELBO trace that never falls.
   path       fit("file.h5:/X") gives bitwise the fitted attributes of fit(X), and
              init_resp="file.h5:/resp" those of init_resp=array.
   ranks      n_ranks=2 and n_threads=2 give bitwise the attributes of n_ranks=1, n_threads=1
@@ -26,7 +33,10 @@ usage: test_estimators.py CAVIAR_BIN WORKDIR [-v]
   n_init     n_init=4 runs caviar's --n-init: caviar reports four starts' bounds, the first
              is the bound of the n_init=1 fit of the same random_state, and the fit kept is the
              best of the four.
-  notimpl    options caviar lacks raise NotImplementedError before any run.
+  given_start, warm_start  GaussianMixture from weights_init/means_init/precisions_init
+             against scikit-learn (every covariance type), and warm starts of both estimators.
+  notimpl    options caviar lacks raise NotImplementedError before any run; the four
+             covariance types of both estimators are not among them (each fits).
 
 Exit status 1 if any check fails; every failure is printed.
 """
@@ -98,17 +108,17 @@ def write_h5(path, **datasets):
 
 # ------------------------------------------------------------------ comparisons
 
-def assert_close(name, a, b):
-    """check_sklearn.py's criterion: allclose(rtol=1e-8, atol=1e-12 * max|b|). Returns the max
-    relative error."""
+def assert_close(name, a, b, ref="scikit-learn"):
+    """check_sklearn.py's criterion: allclose(rtol=1e-8, atol=1e-12 * max|b|), b being ref's.
+    Returns the max relative error."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    check(a.shape == b.shape, "%s: shape %s != scikit-learn's %s" % (name, a.shape, b.shape))
+    check(a.shape == b.shape, "%s: shape %s != %s's %s" % (name, a.shape, ref, b.shape))
     check(np.all(np.isfinite(a)), "%s: non-finite values from caviar" % name)
     atol = ATOL_REL * float(np.max(np.abs(b)))
     rel = float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300 + atol)))
     check(np.allclose(a, b, rtol=RTOL, atol=atol),
-          "%s: caviar and scikit-learn differ, max rel %.3e > rtol %g" % (name, rel, RTOL))
+          "%s: caviar and %s differ, max rel %.3e > rtol %g" % (name, ref, rel, RTOL))
     return rel
 
 
@@ -194,6 +204,11 @@ GM_CASES = [
     dict(name="gm_full", N=600, D=3, K=4, cov="full", n=15, seed=111, reg=1e-6),
     dict(name="gm_full_noreg", N=500, D=2, K=3, cov="full", n=10, seed=112, reg=0.0),
     dict(name="gm_diag", N=700, D=5, K=3, cov="diag", n=15, seed=113, reg=1e-4),
+    dict(name="gm_tied", N=600, D=3, K=4, cov="tied", n=15, seed=114, reg=1e-6),
+    dict(name="gm_tied_noreg", N=500, D=2, K=3, cov="tied", n=10, seed=115, reg=0.0),
+    dict(name="gm_spherical", N=700, D=4, K=3, cov="spherical", n=15, seed=116, reg=1e-4),
+    dict(name="gm_spherical_noreg", N=500, D=2, K=4, cov="spherical", n=10, seed=117,
+         reg=0.0),
 ]
 
 
@@ -254,6 +269,188 @@ def check_gm_case(c):
                                               max(rels, key=rels.get))
 
 
+# ------------------------------------------------------------------ part conjugate
+
+def conjugate_m_step(X, resp, prior, cov, weights):
+    """The variational posterior of caviar's tied or spherical model from responsibilities
+    (coordinate ascent on q(pi) q(mu, Lambda)):
+      tied: q(Lambda) = W(W, nu), q(mu_k | Lambda) = N(m_k, (beta_k Lambda)^-1),
+        nu = nu0 + N, W^-1 = W0^-1 + sum_k [sum_n r_nk (x_n - xbar_k)(x_n - xbar_k)^T
+                                           + beta0 N_k / beta_k (xbar_k - m0)(xbar_k - m0)^T];
+      spherical: lambda_k ~ Gamma(nu_k / 2, rate w_k^-1 / 2), nu_k = nu0 + D N_k,
+        w_k^-1 = W0^-1 + sum_d [sum_n r_nk (x_nd - xbar_kd)^2 + beta0 N_k / beta_k
+                               (xbar_kd - m0_d)^2];
+      both: beta_k = beta0 + N_k, m_k = (beta0 m0 + N_k xbar_k) / beta_k; Dirichlet
+      alpha_k = alpha0 + N_k, or sticks (1 + N_k, alpha0 + sum_{j>k} N_j)."""
+    N, D = X.shape
+    Nk = resp.sum(axis=0)
+    xbar = (resp.T @ X) / Nk[:, None]
+    beta = prior["beta0"] + Nk
+    m = (prior["beta0"] * prior["m0"] + Nk[:, None] * xbar) / beta[:, None]
+    dm = xbar - prior["m0"]
+    shrink = prior["beta0"] * Nk / beta
+    if cov == "tied":
+        W_inv = np.array(prior["W0_inv"], dtype=np.float64)
+        for k in range(len(Nk)):
+            d = X - xbar[k]
+            W_inv += (resp[:, k, None] * d).T @ d + shrink[k] * np.outer(dm[k], dm[k])
+        nu = np.full(len(Nk), prior["nu0"] + N)
+    else:
+        W_inv = np.array([prior["W0_inv"] + resp[:, k] @ np.sum((X - xbar[k]) ** 2, axis=1)
+                          + shrink[k] * dm[k] @ dm[k] for k in range(len(Nk))])
+        nu = prior["nu0"] + D * Nk
+    if weights == "dirichlet_distribution":
+        conc = prior["alpha0"] + Nk
+    else:
+        tail = np.concatenate([np.cumsum(Nk[::-1])[::-1][1:], [0.0]])
+        conc = (1.0 + Nk, prior["alpha0"] + tail)
+    return dict(beta=beta, m=m, W_inv=W_inv, nu=nu, conc=conc)
+
+
+def conjugate_log_rho(X, post, cov, weights):
+    """ln rho_nk = E[ln pi_k] + 1/2 E[ln|Lambda_k|] - D/2 ln(2 pi) - D / (2 beta_k)
+    - nu_k / 2 (x - m_k)^T W_k (x - m_k), with W_k = W (tied) or w_k I (spherical), written with
+    explicit inverses and determinants (the estimator uses Cholesky factors)."""
+    from scipy.special import digamma
+    N, D = X.shape
+    beta, m, nu = post["beta"], post["m"], post["nu"]
+    K = len(beta)
+    if weights == "dirichlet_distribution":
+        e_log_pi = digamma(post["conc"]) - digamma(np.sum(post["conc"]))
+    else:
+        a, b = post["conc"]
+        e_log_v, e_log_1mv = digamma(a) - digamma(a + b), digamma(b) - digamma(a + b)
+        e_log_pi = e_log_v + np.concatenate([[0.0], np.cumsum(e_log_1mv)[:-1]])
+    out = np.empty((N, K))
+    for k in range(K):
+        diff = X - m[k]
+        if cov == "tied":
+            W = np.linalg.inv(post["W_inv"])
+            e_logdet = (sum(digamma((nu[k] + 1 - i) / 2.0) for i in range(1, D + 1))
+                        + D * np.log(2.0) + np.linalg.slogdet(W)[1])
+            maha = np.einsum("ni,ij,nj->n", diff, W, diff)
+        else:
+            w = 1.0 / post["W_inv"][k]
+            e_logdet = D * (digamma(nu[k] / 2.0) + np.log(2.0) + np.log(w))
+            maha = w * np.sum(diff * diff, axis=1)
+        out[:, k] = (e_log_pi[k] + 0.5 * e_logdet - 0.5 * D * np.log(2 * np.pi)
+                     - 0.5 * D / beta[k] - 0.5 * nu[k] * maha)
+    return out
+
+
+def conjugate_fit(X, resp, prior, cov, weights, n_iter):
+    """The initial M-step from resp, then n_iter (E-step, M-step) iterations."""
+    from scipy.special import logsumexp
+    post = conjugate_m_step(X, resp, prior, cov, weights)
+    for _ in range(n_iter):
+        lr = conjugate_log_rho(X, post, cov, weights)
+        post = conjugate_m_step(X, np.exp(lr - logsumexp(lr, axis=1)[:, None]), prior, cov,
+                                weights)
+    return post
+
+
+CONJUGATE_CASES = [
+    dict(name="tied_default_priors", N=600, D=3, K=4, cov="tied", n=10, seed=121),
+    dict(name="tied_identity_process", N=500, D=2, K=5, cov="tied", n=10, seed=122,
+         weights="dirichlet_process",
+         params=dict(covariance_prior=np.eye(2), mean_prior=[1.0, -2.0],
+                     weight_concentration_prior=0.5, mean_precision_prior=0.3,
+                     degrees_of_freedom_prior=3.5)),
+    dict(name="spherical_default_priors", N=600, D=4, K=3, cov="spherical", n=10, seed=123),
+    dict(name="spherical_identity_process", N=500, D=3, K=4, cov="spherical", n=10, seed=124,
+         weights="dirichlet_process",
+         params=dict(covariance_prior=1.0, mean_prior=[0.0, 0.0, 0.0],
+                     mean_precision_prior=2.0, degrees_of_freedom_prior=0.5)),
+    dict(name="spherical_init_only", N=300, D=2, K=3, cov="spherical", n=0, seed=125),
+]
+
+
+REF = "the conjugate reference"
+
+
+def check_conjugate_case(c):
+    import caviar
+    from scipy.special import logsumexp
+    X, resp = make_data(c["seed"], c["N"], c["D"], c["K"])
+    D, K, cov = c["D"], c["K"], c["cov"]
+    weights = c.get("weights", "dirichlet_distribution")
+    params = c.get("params", {})
+    est = quiet_fit(caviar.BayesianGaussianMixture(
+        n_components=K, covariance_type=cov, tol=0.0, max_iter=c["n"], init_resp=resp,
+        weight_concentration_prior_type=weights, **params), X)
+    check(est.n_iter_ == c["n"], "n_iter_ %d, expected %d" % (est.n_iter_, c["n"]))
+    # scikit-learn's defaults of the priors, or the given ones.
+    cp = params.get("covariance_prior")
+    if cp is None:
+        cp = np.cov(X.T) if cov == "tied" else np.var(X, axis=0, ddof=1).mean()
+    prior = dict(alpha0=params.get("weight_concentration_prior", 1.0 / K),
+                 beta0=params.get("mean_precision_prior", 1.0),
+                 nu0=params.get("degrees_of_freedom_prior", float(D)),
+                 m0=np.asarray(params.get("mean_prior", X.mean(axis=0)), dtype=np.float64),
+                 W0_inv=cp)
+    post = conjugate_fit(X, resp, prior, cov, weights, c["n"])
+    # scikit-learn's shapes: tied (D, D) and one degrees_of_freedom_; spherical (K,) and one
+    # covariance_prior_.
+    shapes = {"covariances_": (D, D) if cov == "tied" else (K,),
+              "precisions_": (D, D) if cov == "tied" else (K,),
+              "precisions_cholesky_": (D, D) if cov == "tied" else (K,),
+              "degrees_of_freedom_": () if cov == "tied" else (K,),
+              "covariance_prior_": (D, D) if cov == "tied" else (),
+              "means_": (K, D), "weights_": (K,), "mean_precision_": (K,)}
+    for k, shape in shapes.items():
+        check(np.shape(getattr(est, k)) == shape, "%s has shape %s, scikit-learn's is %s"
+              % (k, np.shape(getattr(est, k)), shape))
+    check(isinstance(est.covariance_prior_, float) == (cov == "spherical"),
+          "covariance_prior_ is a %s" % type(est.covariance_prior_).__name__)
+    check(isinstance(est.degrees_of_freedom_, float) == (cov == "tied"),
+          "degrees_of_freedom_ is a %s" % type(est.degrees_of_freedom_).__name__)
+    nu = post["nu"][0] if cov == "tied" else post["nu"]
+    covariances = post["W_inv"] / nu
+    precisions = np.linalg.inv(covariances) if cov == "tied" else 1.0 / covariances
+    if weights == "dirichlet_distribution":
+        w = post["conc"] / post["conc"].sum()
+    else:
+        a, b = post["conc"]
+        w = a / (a + b) * np.concatenate([[1.0], np.cumprod(b / (a + b))[:-1]])
+        w = w / w.sum()
+    rels = {}
+    for k, ref in (("means_", post["m"]), ("mean_precision_", post["beta"]),
+                   ("degrees_of_freedom_", nu), ("covariances_", covariances),
+                   ("precisions_", precisions), ("weights_", w),
+                   ("covariance_prior_", prior["W0_inv"]), ("mean_prior_", prior["m0"]),
+                   ("degrees_of_freedom_prior_", prior["nu0"]),
+                   ("mean_precision_prior_", prior["beta0"]),
+                   ("weight_concentration_prior_", prior["alpha0"])):
+        rels[k] = assert_close(k, getattr(est, k), ref, REF)
+    if weights == "dirichlet_distribution":
+        rels["weight_concentration_"] = assert_close(
+            "weight_concentration_", est.weight_concentration_, post["conc"], REF)
+    else:
+        for i, part in enumerate(("a", "b")):
+            rels["sticks " + part] = assert_close("weight_concentration_ sticks " + part,
+                                                  est.weight_concentration_[i], post["conc"][i],
+                                                  REF)
+    pc = est.precisions_cholesky_
+    check(np.allclose(pc @ pc.T if cov == "tied" else pc ** 2, est.precisions_, rtol=1e-12,
+                      atol=0), "precisions_ is not precisions_cholesky_ squared")
+    lr = conjugate_log_rho(X, post, cov, weights)
+    rels["predict_proba"] = assert_close("predict_proba(X)", est.predict_proba(X),
+                                         np.exp(lr - logsumexp(lr, axis=1)[:, None]), REF)
+    rels["score_samples"] = assert_close("score_samples(X)", est.score_samples(X),
+                                         logsumexp(lr, axis=1), REF)
+    trace = est.elbo_trace_
+    falls = np.diff(trace) < -1e-10 * np.abs(trace[1:])  # allows for rounding only
+    check(not np.any(falls), "the ELBO falls at iterations %s: %s"
+          % (np.flatnonzero(falls) + 1, trace))
+    if c["n"] > 0:
+        start = conjugate_m_step(X, resp, prior, cov, weights)
+        moved = float(np.max(np.abs(start["m"] - post["m"])))
+        check(moved > 1e-6, "the %d iterations did not change the means (%.1e)"
+              % (c["n"], moved))
+    return "n_iter %d, max rel %.1e (%s)" % (est.n_iter_, max(rels.values()),
+                                              max(rels, key=rels.get))
+
+
 # ------------------------------------------------------------------ part path
 
 def part_path(workdir):
@@ -270,7 +467,9 @@ def part_path(workdir):
                         (caviar.BayesianGaussianMixture,
                          dict(covariance_type="diag",
                               weight_concentration_prior_type="dirichlet_process")),
-                        (caviar.GaussianMixture, dict(covariance_type="full"))):
+                        (caviar.BayesianGaussianMixture, dict(covariance_type="tied")),
+                        (caviar.GaussianMixture, dict(covariance_type="full")),
+                        (caviar.GaussianMixture, dict(covariance_type="spherical"))):
         name = "%s(%s)" % (cls.__name__, ", ".join("%s=%r" % kv for kv in params.items()))
         kw = dict(n_components=4, random_state=7, max_iter=40, **params)
         a = quiet_fit(cls(**kw), X)
@@ -279,7 +478,7 @@ def part_path(workdir):
         assert_bitwise(name + ": fit(array) vs fit('x.h5:/X')", a, b)
         assert_bitwise(name + ": fit(array) vs fit('x.h5:/g/data')", a, c)
         check(a.n_iter_ >= 2, "%s: only %d iterations" % (name, a.n_iter_))
-        out.append("%s n_iter %d" % (cls.__name__, a.n_iter_))
+        out.append("%s(%s) n_iter %d" % (cls.__name__, params["covariance_type"], a.n_iter_))
     # Given responsibilities: as an array, or as the name of a dataset.
     kw = dict(n_components=4, max_iter=10, tol=0.0, covariance_type="full")
     a = quiet_fit(caviar.BayesianGaussianMixture(init_resp=resp, **kw), X)
@@ -297,7 +496,11 @@ def part_ranks(workdir):
     for cls, params in ((caviar.BayesianGaussianMixture, dict(covariance_type="full")),
                         (caviar.BayesianGaussianMixture,
                          dict(covariance_type="diag", algorithm="svi", batch_size=256)),
-                        (caviar.GaussianMixture, dict(covariance_type="diag"))):
+                        (caviar.BayesianGaussianMixture, dict(covariance_type="spherical")),
+                        (caviar.BayesianGaussianMixture,
+                         dict(covariance_type="tied", algorithm="svi", batch_size=256)),
+                        (caviar.GaussianMixture, dict(covariance_type="diag")),
+                        (caviar.GaussianMixture, dict(covariance_type="tied"))):
         name = "%s(%s)" % (cls.__name__, ", ".join("%s=%r" % kv for kv in params.items()))
         fits = {}
         for ranks, threads in ((1, 1), (2, 1), (1, 2), (2, 2)):
@@ -314,7 +517,8 @@ def part_ranks(workdir):
             if key != (1, 1):
                 assert_bitwise("%s: n_ranks=%d n_threads=%d vs 1 x 1" % ((name,) + key),
                                fits[1, 1], est)
-        out.append("%s: %s" % (cls.__name__, " ".join("%dx%d" % k for k in fits)))
+        out.append("%s(%s): %s" % (cls.__name__, params["covariance_type"],
+                                   " ".join("%dx%d" % k for k in fits)))
     return "; ".join(out)
 
 
@@ -364,7 +568,16 @@ def part_errors(workdir):
     expect_caviar_error("nu0 <= D - 1 (array)",
                         lambda: BGM(n_components=2, degrees_of_freedom_prior=1.0).fit(X),
                         "--nu0")
-    return "5 CaviarError cases (1 at 2 ranks)"
+    expect_caviar_error("nu0 <= D - 1 (tied)",
+                        lambda: BGM(n_components=2, covariance_type="tied",
+                                    degrees_of_freedom_prior=2.0).fit(X),
+                        "--nu0")
+    # spherical's precisions are 1-D Wisharts: any nu0 > 0 is valid.
+    sph = quiet_fit(BGM(n_components=2, covariance_type="spherical",
+                        degrees_of_freedom_prior=0.5, max_iter=3), X)
+    check(sph.degrees_of_freedom_prior_ == 0.5, "spherical nu0 0.5: %r"
+          % sph.degrees_of_freedom_prior_)
+    return "6 CaviarError cases (1 at 2 ranks)"
 
 
 # ------------------------------------------------------------------ part notimpl
@@ -376,11 +589,13 @@ def part_notimpl(workdir):
     # A binary that does not exist: the refusal must come before any run.
     nobin = os.path.join(workdir, "no-such-caviar")
     cases = [
-        ("BGM covariance_type='tied'", BGM(covariance_type="tied")),
-        ("BGM covariance_type='spherical'", BGM(covariance_type="spherical")),
-        ("GM covariance_type='tied'", GM(covariance_type="tied")),
-        ("GM covariance_type='spherical'", GM(covariance_type="spherical")),
         ("BGM reg_covar=1e-6", BGM(reg_covar=1e-6)),
+        ("BGM tied covariance_prior=2 I", BGM(covariance_type="tied",
+                                              covariance_prior=2 * np.eye(2))),
+        ("BGM spherical covariance_prior=0.5", BGM(covariance_type="spherical",
+                                                   covariance_prior=0.5)),
+        ("BGM spherical covariance_prior=np.ones(2)", BGM(covariance_type="spherical",
+                                                          covariance_prior=np.ones(2))),
     ]
     for what, est in cases:
         est.set_params(caviar_bin=nobin)
@@ -394,7 +609,12 @@ def part_notimpl(workdir):
             raise CheckFailed("%s: raised %s: %s, expected NotImplementedError"
                               % (what, type(e).__name__, e))
         raise CheckFailed("%s: no error raised" % what)
-    return "%d options" % len(cases)
+    # Every covariance type is implemented: none of them is refused.
+    for cls in (BGM, GM):
+        for cov in ("full", "tied", "diag", "spherical"):
+            est = quiet_fit(cls(n_components=2, covariance_type=cov, max_iter=5), X)
+            check(est.n_iter_ >= 1, "%s(covariance_type=%r) did not fit" % (cls.__name__, cov))
+    return "%d options refused; the 4 covariance types of both estimators fit" % len(cases)
 
 
 # ------------------------------------------------------------------ part n_init
@@ -453,8 +673,9 @@ def part_from_data(workdir):
 
 def part_given_start(workdir):
     """GaussianMixture from weights_init, means_init and precisions_init against scikit-learn
-    from the same parameters; max_iter=0 keeps them; a partial start (means_init only) keeps
-    the given means; warm_start: three fits of max_iter=1 equal one fit of max_iter=3."""
+    from the same parameters, for each covariance type (precisions_init in scikit-learn's
+    shape); max_iter=0 keeps them; a partial start (means_init only) keeps the given means;
+    warm_start: three fits of max_iter=1 equal one fit of max_iter=3, for each type."""
     import caviar
     from sklearn.mixture import GaussianMixture as SkGM
     X, _ = make_data(504, 400, 2, 3)
@@ -462,51 +683,67 @@ def part_given_start(workdir):
     rng = np.random.default_rng(4)
     w0 = np.array([0.2, 0.3, 0.5])
     m0 = X[rng.choice(len(X), K, replace=False)]
-    p0 = np.stack([np.eye(2) * s for s in (1.0, 0.5, 2.0)]) + 0.05
-    given = dict(weights_init=w0, means_init=m0, precisions_init=p0, tol=0, reg_covar=1e-6)
+    precisions = {"full": np.stack([np.eye(2) * s for s in (1.0, 0.5, 2.0)]) + 0.05,
+                  "tied": np.array([[0.8, 0.1], [0.1, 1.3]]),
+                  "diag": np.array([[1.0, 0.4], [0.5, 0.7], [2.0, 1.5]]),
+                  "spherical": np.array([1.0, 0.5, 2.0])}
+    worst_sk = 0.0
+    for cov, p0 in precisions.items():
+        given = dict(weights_init=w0, means_init=m0, precisions_init=p0, tol=0, reg_covar=1e-6,
+                     covariance_type=cov)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ours = caviar.GaussianMixture(K, max_iter=5, **given).fit(X)
+            sk = SkGM(K, max_iter=5, **given).fit(X)
+            zero = caviar.GaussianMixture(K, max_iter=0, **given).fit(X)
+        err_sk = max(np.abs(ours.weights_ - sk.weights_).max(),
+                     np.abs(ours.means_ - sk.means_).max(),
+                     np.abs(ours.covariances_ - sk.covariances_).max())
+        worst_sk = max(worst_sk, err_sk)
+        check(err_sk < 1e-9, "%s: 5 EM iterations from given parameters: %.1e from "
+              "scikit-learn's" % (cov, err_sk))
+        check(ours.n_iter_ == sk.n_iter_ == 5, "%s: n_iter_ %d, scikit-learn's %d"
+              % (cov, ours.n_iter_, sk.n_iter_))
+        check(ours.covariances_.shape == sk.covariances_.shape == p0.shape,
+              "%s: covariances_ shape %s, scikit-learn's %s" % (cov, ours.covariances_.shape,
+                                                                sk.covariances_.shape))
+        check(np.array_equal(zero.means_, m0) and np.array_equal(zero.weights_, w0)
+              and np.allclose(zero.precisions_, p0, rtol=1e-12, atol=0),
+              "%s: max_iter=0 keeps the given parameters" % cov)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ours = caviar.GaussianMixture(K, max_iter=5, **given).fit(X)
-        sk = SkGM(K, max_iter=5, **given).fit(X)
-        zero = caviar.GaussianMixture(K, max_iter=0, **given).fit(X)
         part = caviar.GaussianMixture(K, max_iter=0, means_init=m0, random_state=1).fit(X)
-    err_sk = max(np.abs(ours.weights_ - sk.weights_).max(),
-                 np.abs(ours.means_ - sk.means_).max(),
-                 np.abs(ours.covariances_ - sk.covariances_).max())
-    check(err_sk < 1e-9,
-          "5 EM iterations from given parameters: %.1e from scikit-learn's" % err_sk)
-    check(ours.n_iter_ == sk.n_iter_ == 5, "n_iter_ %d, scikit-learn's %d" % (ours.n_iter_,
-                                                                           sk.n_iter_))
-    check(np.array_equal(zero.means_, m0) and np.array_equal(zero.weights_, w0)
-          and np.allclose(zero.precisions_, p0, rtol=1e-12, atol=0),
-          "max_iter=0 keeps the given parameters")
     check(np.array_equal(part.means_, m0) and abs(part.weights_.sum() - 1) < 1e-12,
           "means_init alone: means kept, weights from the init responsibilities")
     # warm start: each fit continues from the last; three single iterations = one of three.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        once = caviar.GaussianMixture(K, max_iter=3, tol=0, init_params="random",
-                                      random_state=2).fit(X)
-        warm = caviar.GaussianMixture(K, max_iter=1, tol=0, init_params="random",
-                                      random_state=2, warm_start=True)
-        scores = [warm.fit(X).score(X) for _ in range(3)]
-    err = max(np.abs(once.means_ - warm.means_).max(),
-              np.abs(once.covariances_ - warm.covariances_).max())
-    check(err < 1e-12, "warm start: 3 fits of 1 iteration vs 1 of 3: %.1e" % err)
-    check(scores[0] <= scores[1] <= scores[2], "warm start: the score never falls %r" % scores)
-    return "given start %.1e from scikit-learn, warm start %.1e" % (err_sk, err)
+    worst = 0.0
+    for cov in precisions:
+        kw = dict(tol=0, init_params="random", random_state=2, covariance_type=cov)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            once = caviar.GaussianMixture(K, max_iter=3, **kw).fit(X)
+            warm = caviar.GaussianMixture(K, max_iter=1, warm_start=True, **kw)
+            scores = [warm.fit(X).score(X) for _ in range(3)]
+        err = max(np.abs(once.means_ - warm.means_).max(),
+                  np.abs(once.covariances_ - warm.covariances_).max())
+        worst = max(worst, err)
+        check(err < 1e-12, "%s warm start: 3 fits of 1 iteration vs 1 of 3: %.1e" % (cov, err))
+        check(scores[0] <= scores[1] <= scores[2], "%s warm start: the score never falls %r"
+              % (cov, scores))
+    return "given start %.1e from scikit-learn, warm start %.1e (4 covariance types)" % (
+        worst_sk, worst)
 
 
 def part_warm_start(workdir):
     """BayesianGaussianMixture(warm_start=True) continues from its whole posterior (caviar's
     --warm-start): three fits of max_iter=1 end where one fit of max_iter=3 ends, to 1e-10
-    relative (not bitwise: the model file holds m_k, the fit m_k - c exactly), for full and diag
-    and both weight priors; lower_bound_ never falls; n_init is ignored once fitted, as in
-    scikit-learn (the warm fits run no --n-init)."""
+    relative (not bitwise: the model file holds m_k, the fit m_k - c exactly), for the four
+    covariance types and both weight priors; lower_bound_ never falls; n_init is ignored once
+    fitted, as in scikit-learn (the warm fits run no --n-init)."""
     import caviar
     X, _ = make_data(505, 400, 2, 3)
     worst = 0.0
-    for cov in ("full", "diag"):
+    for cov in ("full", "tied", "diag", "spherical"):
         for prior in ("dirichlet_distribution", "dirichlet_process"):
             kw = dict(covariance_type=cov, weight_concentration_prior_type=prior, tol=0,
                       init_params="random", random_state=3)
@@ -558,6 +795,8 @@ def main(argv=None):
 
     tests = ([("sklearn " + c["name"], lambda c=c: check_bgm_case(c)) for c in BGM_CASES]
              + [("sklearn " + c["name"], lambda c=c: check_gm_case(c)) for c in GM_CASES]
+             + [("conjugate " + c["name"], lambda c=c: check_conjugate_case(c))
+                for c in CONJUGATE_CASES]
              + [("path", lambda: part_path(workdir)),
                 ("ranks", lambda: part_ranks(workdir)),
                 ("errors", lambda: part_errors(workdir)),
