@@ -52,7 +52,9 @@ Problem make_problem(std::uint64_t seed) {
     for (int i = 0; i < n; ++i) p.x.row(i).array() += 100.0 * i;
   p.x *= scale;
   if (kind == 4) p.x.array() += 3 * scale;  // far from the origin relative to the spread
-  p.cov = uni(0, 1) ? Covariance::kFull : Covariance::kDiag;
+  const Covariance covs[] = {Covariance::kFull, Covariance::kDiag, Covariance::kTied,
+                             Covariance::kSpherical};
+  p.cov = covs[uni(0, 3)];
   const int algo = uni(0, 3);
   if (algo == 3) {
     p.est = Estimator::kMaximumLikelihood;
@@ -101,10 +103,12 @@ std::string run(const Problem& p, int& errors, std::map<std::string, int>& kinds
     for (int j = 0; j < d; ++j)
       if (!real[j] || !(var[j] > 0)) var[j] = fill;
     prior.m0 = mean;
-    if (p.cov == Covariance::kFull)
+    if (full_moments(p.cov))
       prior.W0_inv = var.asDiagonal();
-    else
+    else if (p.cov == Covariance::kDiag)
       prior.W0_inv = var;
+    else
+      prior.W0_inv = Eigen::VectorXd::Constant(d, var.mean());
     if (p.weights == WeightPrior::kStickBreaking) prior.alpha0 = 1.0;
     const Eigen::VectorXd shift = p.x.colwise().mean().transpose();
     Model model(p.cov, p.k, prior, shift, p.est, p.reg_covar);
