@@ -17,6 +17,9 @@ of 184 rows), 2 epochs, --tol 0:
      epoch averages are noisy; the fit stops with stop_reason elbo-decreased exactly when the
      last three changes of trace/epoch_elbo are decreases, and otherwise runs every epoch with no
      three decreases in a row.
+  3. With rho = 1 (--kappa 0) and one minibatch of all N rows, an SVI step is the CAVI update
+     (lambda = prior + statistics), so 5 epochs end bitwise where 5 CAVI iterations end, for
+     every covariance type (tied and spherical pool their statistics in the same update).
 
 usage: test_gmm_svi_resume.py CAVIAR_BIN WORKDIR
 """
@@ -97,6 +100,22 @@ def main():
         c.check(ok, f"seed {seed}: stop_reason {reason} after {n_iter} epochs agrees with the "
                     f"epoch averages' decreases {down.astype(int).tolist()}")
     c.check("elbo-decreased" in stops, f"some noisy fit stopped on three decreases ({stops})")
+
+    # SVI with rho = 1 and B = N is CAVI.
+    for cov in ("full", "diag", "tied", "spherical"):
+        one = ["gmm", "fit", "--data", p("x.h5") + ":/X", "-k", "4", "--seed", "2", "--tol", "0",
+               "--init", "random", "--max-iter", "5", "--covariance", cov]
+        c.run(one + ["--out", p(f"cavi_{cov}.h5")], ranks=2)
+        c.run(one + ["--algorithm", "svi", "--kappa", "0", "--batch-size", "3000", "--out",
+                     p(f"svi_{cov}.h5")], ranks=2)
+        with h5py.File(p(f"cavi_{cov}.h5"), "r") as a, h5py.File(p(f"svi_{cov}.h5"), "r") as b:
+            same = [k for k in ("weights", "means", "covariances", "posterior/W_inv",
+                                "posterior/nu", "posterior/beta")
+                    if np.array_equal(a[k][()], b[k][()])]
+            elbo = (float(a.attrs["elbo"]), float(b.attrs["elbo"]))
+        c.check(len(same) == 6 and elbo[0] == elbo[1],
+                f"{cov}: SVI with rho = 1 and B = N ends bitwise at CAVI's posterior (equal: "
+                f"{same}; ELBO {elbo[0]!r} / {elbo[1]!r})")
     c.finish()
 
 

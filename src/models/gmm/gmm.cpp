@@ -204,7 +204,7 @@ struct Accumulator {
   std::vector<double> block_log_norms;
   std::vector<double> block;  // one block's statistics (small D and diagonal)
   RowMatrix xc, xt, r, y, f;  // scratch: centred block (n x D and D x n), responsibilities
-                              // (K x n), E-step products, features
+                              // (K x n), E-step products, features (transposed, F^T)
   RowMatrix head;             // scratch: [N_k, Sx_k] of one block (K x (1 + D); large D)
   MatrixXd scatter;           // scratch: one component's D x D second moment (large D)
   MatrixXd z;                 // scratch: sqrt(r)-weighted rows of one component (large D)
@@ -241,29 +241,36 @@ struct Accumulator {
 
   // The statistics of one block (Bishop 2006, eqs 10.51-10.53, before normalisation): the rows of
   // R^T F with F = [1, x - c, packed (x - c)(x - c)^T] (diag: [1, x - c, (x - c)^2]).
-  // rt holds the block's responsibilities transposed (K x n).
-  void add(const RowMatrix& xcb, const RowMatrix& rt, double log_norm, Covariance cov) {
+  // rt holds the block's responsibilities transposed (K x n), xtb the centred rows transposed
+  // (D x n). F is formed transposed, one feature per contiguous row of F^T: built column by
+  // column in a row-major n x (1 + D + M) matrix, every write was strided by the row length,
+  // which cost a fifth of a full-covariance iteration at D = 16.
+  void add(const RowMatrix& xcb, const RowMatrix& xtb, const RowMatrix& rt, double log_norm,
+           Covariance cov) {
     const Index n = xcb.rows(), d = xcb.cols(), kk = rt.rows();
     const Index m = full_moments(cov) ? d * (d + 1) / 2 : d;
     const Index row = 1 + d + m;
     const std::size_t tail = std::size_t(kk * row);  // log_norm, then rows
     const bool features = !full_moments(cov) || d <= kMaxFeatureDim;
     if (exact) exact->prepare(1);
-    f.resize(n, features ? row : 1 + d);
-    f.col(0).setOnes();
-    f.middleCols(1, d) = xcb;
     if (features) {
+      f.resize(row, n);
+      f.row(0).setOnes();
+      f.middleRows(1, d) = xtb;
       Eigen::Map<RowMatrix> g(block.data(), kk, row);
       if (full_moments(cov)) {
         Index p = 1 + d;
         for (Index i = 0; i < d; ++i)
-          for (Index j = i; j < d; ++j) f.col(p++) = xcb.col(i).cwiseProduct(xcb.col(j));
+          for (Index j = i; j < d; ++j) f.row(p++) = xtb.row(i).cwiseProduct(xtb.row(j));
       } else {
-        f.rightCols(d) = xcb.cwiseAbs2();
+        f.bottomRows(d) = xtb.cwiseAbs2();
       }
-      g.noalias() = rt * f;
+      g.noalias() = rt * f.transpose();
       put(0, block.data(), tail);
     } else {
+      f.resize(n, 1 + d);
+      f.col(0).setOnes();
+      f.middleCols(1, d) = xcb;
       // [N_k, Sx_k] now; the second moments when the queue is full (drain).
       head.noalias() = rt * f;
       for (Index k = 0; k < kk; ++k) put(std::size_t(k * row), &head(k, 0), std::size_t(1 + d));
@@ -424,7 +431,8 @@ void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) 
   for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
     a.xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
     a.r = resp.middleRows(r0, r1 - r0).transpose();
-    a.add(a.xc, a.r, 0.0, cov_);
+    a.xt = a.xc.transpose();
+    a.add(a.xc, a.xt, a.r, 0.0, cov_);
   });
 }
 
@@ -536,7 +544,7 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
     a.r.array().rowwise() /= sums.array();
     const double log_norm = (mx.array() + sums.array().log()).sum();
     if (resp_out) resp_out->middleRows(r0, n) = a.r.transpose();
-    a.add(a.xc, a.r, log_norm, cov_);
+    a.add(a.xc, a.xt, a.r, log_norm, cov_);
   });
 }
 
