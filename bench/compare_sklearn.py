@@ -1,7 +1,9 @@
 #!/usr/bin/env -S /usr/bin/python3
 """Time per iteration, caviar against scikit-learn, side by side in one run on the same generated
 data, and print the ratios: CAVI against BayesianGaussianMixture and EM against GaussianMixture
-(--algorithm), full or diagonal covariance (--covariance). caviar runs with its default exact
+(--algorithm), full, diagonal, tied or spherical covariance (--covariance; the variational tied
+and spherical models are caviar's exact conjugate ones, not scikit-learn's, so their iterations
+are the same work, not the same numbers). caviar runs with its default exact
 (bitwise reproducible) sums, and also with --fast-reduce, whose ratio to the former is the cost of
 reproducibility, and (full covariance) with --precision single, whose objective after the same
 iterations is compared with the double fit's.
@@ -14,7 +16,7 @@ iteration) and numpy on whatever BLAS Debian's alternatives select (OpenBLAS-pth
 libopenblas0-pthread is installed) with OPENBLAS_NUM_THREADS threads.
 
 usage: compare_sklearn.py CAVIAR_BIN WORKDIR [--scale 0.1] [--shapes 0,1,2] [--threads 2]
-                          [--algorithm cavi|em] [--covariance full|diag]
+                          [--algorithm cavi|em] [--covariance full|diag|tied|spherical]
                           [--init random-from-data|random]
 """
 import argparse
@@ -116,9 +118,12 @@ def nominal_gflops(n, d, k, seconds, covariance):
     kernels with every responsibility kept, 3 D^2 below D = 64 (E-step GEMM 2 D^2, scatter D^2),
     2 D^2 from D = 64 (triangular E-step D^2, symmetric update D^2), 5 D diagonal. Above D = 32
     the update skips rows with negligible responsibilities, so on separated data this rate can
-    exceed the DGEMM peak: it is then work avoided, not work done."""
+    exceed the DGEMM peak: it is then work avoided, not work done. Tied: the scatter D^2 per
+    component, and one shared E-step product, 2 D^2 / K per component."""
     if covariance == "full":
         per = (2.0 if d >= 64 else 3.0) * d * d
+    elif covariance == "tied":
+        per = d * d + 2.0 * d * d / k
     else:
         per = 5.0 * d
     return per * n * k / seconds * 1e-9
@@ -132,7 +137,7 @@ def main():
     ap.add_argument("--shapes", default="0,1,2")
     ap.add_argument("--threads", type=int, default=2, help="cores to use, for both sides")
     ap.add_argument("--algorithm", default="cavi", choices=["cavi", "em"])
-    ap.add_argument("--covariance", default="full", choices=["full", "diag"])
+    ap.add_argument("--covariance", default="full", choices=["full", "diag", "tied", "spherical"])
     ap.add_argument("--init", default="random-from-data", choices=["random-from-data", "random"],
                     help="caviar's start: one point per component, one-hot (the start scikit-learn "
                          "is given here, init_params='random_from_data', though not the same "
