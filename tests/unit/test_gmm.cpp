@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "data/minibatch.hpp"
+#include "gmm_test_util.hpp"
 #include "models/gmm/gmm.hpp"
 
 namespace caviar::gmm {
@@ -25,38 +26,11 @@ RowMatrix random_data(int n, int d, unsigned seed, double offset = 0.0) {
   return x;
 }
 
-RowMatrix random_resp(int n, int k, unsigned seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(0.01, 1.0);
-  RowMatrix r(n, k);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < k; ++j) r(i, j) = u(gen);
-    r.row(i) /= r.row(i).sum();
-  }
-  return r;
-}
-
-// Runs CAVI on one process with the model API: M-step from r0, then iterations of E + M.
-// Returns the ELBO trace (one value per E-step).
+using testing::lmvgamma;
+using testing::random_resp;
+// CAVI on one process with the model API; the ELBO after each E-step.
 std::vector<double> run_cavi(Model& model, const RowMatrix& x, const RowMatrix& r0, int iters) {
-  Stats s = model.make_stats();
-  model.accumulate(x, r0, s);
-  model.update(s);
-  std::vector<double> trace;
-  for (int it = 0; it <= iters; ++it) {
-    s.set_zero();
-    model.local_step(x, s);
-    trace.push_back(model.elbo(s));
-    if (it < iters) model.update(s);
-  }
-  return trace;
-}
-
-// ln Gamma_p(a), written out independently of math::log_multigamma.
-double lmvgamma(double a, int p) {
-  double s = p * (p - 1) / 4.0 * std::log(std::numbers::pi);
-  for (int i = 0; i < p; ++i) s += std::lgamma(a - i / 2.0);
-  return s;
+  return testing::run_fit(model, x, r0, iters);
 }
 
 // With K = 1 the variational posterior is the exact Normal-Wishart posterior, so the ELBO must
@@ -324,11 +298,9 @@ TEST(Gmm, EmMatchesWeightedEstimatesAndIsMonotone) {
   model.update(s);
   for (int j = 0; j < k; ++j) {
     const double nk = r.col(j).sum();
-    const VectorXd mu = (x.transpose() * r.col(j)) / nk;
-    MatrixXd c = MatrixXd::Zero(d, d);
-    for (int i = 0; i < n; ++i)
-      c += r(i, j) * (x.row(i).transpose() - mu) * (x.row(i).transpose() - mu).transpose();
-    c = c / nk + 1e-3 * MatrixXd::Identity(d, d);
+    VectorXd mu;
+    const MatrixXd c =
+        testing::weighted_scatter(x, r, j, mu) / nk + 1e-3 * MatrixXd::Identity(d, d);
     EXPECT_NEAR(model.weights()[j], nk / n, 1e-13);
     EXPECT_LT((model.means().row(j).transpose() - mu).cwiseAbs().maxCoeff(), 1e-11);
     EXPECT_LT((model.covariances()[j] - c).cwiseAbs().maxCoeff(), 1e-11);
@@ -355,15 +327,7 @@ TEST(Gmm, NaturalInnerIsTheNaturalParameterNorm) {
       Prior p = default_prior(cov, d, k);
       p.weights = wp;
       const VectorXd shift = x.colwise().mean().transpose();
-      Model m1(cov, k, p, shift), m2(cov, k, p, shift);
-      Stats s1 = m1.make_stats(), s2 = m1.make_stats();
-      m1.accumulate(x, random_resp(300, k, 1), s1);
-      m2.accumulate(x, random_resp(300, k, 2), s2);
-      m1.update(s1);
-      m2.update(s2);
-      Stats g = m1.make_stats();
-      for (std::size_t i = 0; i < g.buffer().size(); ++i)
-        g.buffer()[i] = s2.buffer()[i] - s1.buffer()[i];
+      auto [m1, m2, g] = testing::two_fits(cov, p, x, k);
       auto natural = [&](const Posterior& q) {
         std::vector<double> v;
         if (wp == WeightPrior::kDirichlet)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "gmm_test_util.hpp"
 #include "models/gmm/gmm.hpp"
 
 namespace caviar::gmm {
@@ -28,42 +29,28 @@ RowMatrix clustered(int n, int d, int k, double sep, unsigned seed) {
   return x;
 }
 
-RowMatrix random_resp(int n, int k, unsigned seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<double> u(0.01, 1.0);
-  RowMatrix r(n, k);
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < k; ++j) r(i, j) = u(gen);
-    r.row(i) /= r.row(i).sum();
-  }
-  return r;
-}
-
 RowMatrix one_hot(int n, int k) {
   RowMatrix r = RowMatrix::Zero(n, k);
   for (int i = 0; i < n; ++i) r(i, i % k) = 1.0;
   return r;
 }
 
-// M-step from r0, then iterations of E + M; the ELBO (or log-likelihood) after each E-step.
+using testing::lmvgamma;
+using testing::random_resp;
 std::vector<double> run(Model& model, const RowMatrix& x, const RowMatrix& r0, int iters) {
-  Stats s = model.make_stats();
-  model.accumulate(x, r0, s);
-  model.update(s);
-  std::vector<double> trace;
-  for (int it = 0; it <= iters; ++it) {
-    s.set_zero();
-    model.local_step(x, s);
-    trace.push_back(model.objective(s));
-    if (it < iters) model.update(s);
-  }
-  return trace;
+  return testing::run_fit(model, x, r0, iters);
 }
 
-double lmvgamma(double a, int p) {
-  double s = p * (p - 1) / 4.0 * std::log(std::numbers::pi);
-  for (int i = 0; i < p; ++i) s += std::lgamma(a - i / 2.0);
-  return s;
+// The rows of component j when row i belongs to component i % k, and their mean.
+std::vector<int> rows_of(const RowMatrix& x, int j, int k, VectorXd& xbar) {
+  std::vector<int> rows;
+  xbar = VectorXd::Zero(x.cols());
+  for (int i = j; i < x.rows(); i += k) {
+    rows.push_back(i);
+    xbar += x.row(i).transpose();
+  }
+  xbar /= static_cast<double>(rows.size());
+  return rows;
 }
 
 // ln p(Z) under a symmetric Dirichlet(alpha0) on the weights, for hard labels with counts nk.
@@ -82,12 +69,9 @@ double tied_log_evidence(const RowMatrix& x, int k, const Prior& p) {
   MatrixXd wn_inv = p.W0_inv;
   double l = 0;
   for (int j = 0; j < k; ++j) {
-    std::vector<int> rows;
-    for (int i = j; i < n; i += k) rows.push_back(i);
+    VectorXd xbar;
+    const std::vector<int> rows = rows_of(x, j, k, xbar);
     const double nj = static_cast<double>(rows.size());
-    VectorXd xbar = VectorXd::Zero(d);
-    for (int i : rows) xbar += x.row(i).transpose();
-    xbar /= nj;
     for (int i : rows)
       wn_inv += (x.row(i).transpose() - xbar) * (x.row(i).transpose() - xbar).transpose();
     const double bj = p.beta0 + nj;
@@ -104,16 +88,13 @@ double tied_log_evidence(const RowMatrix& x, int k, const Prior& p) {
 // and mu | lambda ~ N(m0, (beta0 lambda)^-1 I), so a_N = a0 + N_k D/2 and
 // b_N = b0 + (sum ||x - xbar||^2 + beta0 N_k/beta_k ||xbar - m0||^2)/2.
 double spherical_log_evidence(const RowMatrix& x, int k, const Prior& p) {
-  const int n = static_cast<int>(x.rows()), d = static_cast<int>(x.cols());
+  const int d = static_cast<int>(x.cols());
   const double a0 = p.nu0 / 2, b0 = p.W0_inv(0, 0) / 2;
   double l = 0;
   for (int j = 0; j < k; ++j) {
-    std::vector<int> rows;
-    for (int i = j; i < n; i += k) rows.push_back(i);
+    VectorXd xbar;
+    const std::vector<int> rows = rows_of(x, j, k, xbar);
     const double nj = static_cast<double>(rows.size());
-    VectorXd xbar = VectorXd::Zero(d);
-    for (int i : rows) xbar += x.row(i).transpose();
-    xbar /= nj;
     double ss = 0;
     for (int i : rows) ss += (x.row(i).transpose() - xbar).squaredNorm();
     const double bj = p.beta0 + nj;
@@ -218,10 +199,8 @@ TEST(GmmTiedSpherical, EmMStepMatchesWeightedEstimates) {
     MatrixXd pooled = MatrixXd::Zero(d, d);
     for (int j = 0; j < k; ++j) {
       const double nk = r.col(j).sum();
-      const VectorXd mu = (x.transpose() * r.col(j)) / nk;
-      MatrixXd c = MatrixXd::Zero(d, d);
-      for (int i = 0; i < n; ++i)
-        c += r(i, j) * (x.row(i).transpose() - mu) * (x.row(i).transpose() - mu).transpose();
+      VectorXd mu;
+      const MatrixXd c = testing::weighted_scatter(x, r, j, mu);
       pooled += c;
       EXPECT_LT((model.means().row(j).transpose() - mu).cwiseAbs().maxCoeff(), 1e-11);
       if (cov == Covariance::kSpherical) {
@@ -248,15 +227,7 @@ TEST(GmmTiedSpherical, NaturalInnerIsTheNaturalParameterNorm) {
     const RowMatrix x = clustered(300, d, 3, 2.0, 12);
     const Prior p = default_prior(cov, d, k);
     const VectorXd shift = x.colwise().mean().transpose();
-    Model m1(cov, k, p, shift), m2(cov, k, p, shift);
-    Stats s1 = m1.make_stats(), s2 = m1.make_stats();
-    m1.accumulate(x, random_resp(300, k, 1), s1);
-    m2.accumulate(x, random_resp(300, k, 2), s2);
-    m1.update(s1);
-    m2.update(s2);
-    Stats g = m1.make_stats();
-    for (std::size_t i = 0; i < g.buffer().size(); ++i)
-      g.buffer()[i] = s2.buffer()[i] - s1.buffer()[i];
+    auto [m1, m2, g] = testing::two_fits(cov, p, x, k);
     auto natural = [&](const Posterior& q) {
       std::vector<double> v;
       MatrixXd t = q.W_inv[0];
