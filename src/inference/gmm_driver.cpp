@@ -202,6 +202,25 @@ void accumulate_sliced(const Model& model, const RowMatrix& x, Stats& stats, Res
   }
 }
 
+// The inverse of write_matrices: K matrices (full, tied: D x D; diag, spherical: D x 1) from a
+// flat array in scikit-learn's shape of the covariance type, K x D x D, K x D, D x D (one matrix
+// shared by the components) or K (one variance for every feature). Nothing if v has another size.
+std::optional<std::vector<MatrixXd>> unpack_matrices(const std::vector<double>& v, Covariance cov,
+                                                     int k, int d) {
+  const std::size_t per = cov == Covariance::kTied        ? 0
+                          : cov == Covariance::kSpherical ? 1
+                          : cov == Covariance::kFull      ? std::size_t(d) * d
+                                                          : std::size_t(d);
+  if (v.size() != (cov == Covariance::kTied ? std::size_t(d) * d : per * k)) return std::nullopt;
+  std::vector<MatrixXd> out;
+  for (int j = 0; j < k; ++j)
+    out.push_back(cov == Covariance::kSpherical
+                      ? MatrixXd(MatrixXd::Constant(d, 1, v[std::size_t(j)]))
+                      : MatrixXd(Eigen::Map<const MatrixXd>(v.data() + j * per, d,
+                                                            full_moments(cov) ? d : 1)));
+  return out;
+}
+
 // The mixture of --init-params: weights, means and covariances read from FILE.h5 (every rank
 // reads the small file itself), checked against the fit's K and D, as an EM model whose E-step
 // gives the initial responsibilities. /covariances has scikit-learn's shape of any covariance
@@ -248,11 +267,13 @@ Model params_model(const Comm& comm, const std::string& file, int k, int d, Cova
     p.weights /= p.weights.sum();
     p.means = Eigen::Map<const RowMatrix>(m.data(), k, d);
     if (!p.means.allFinite()) throw Error(what + ": /means are not all finite");
-    const Eigen::Index per = tied ? 0 : spherical ? 1 : full ? Eigen::Index(d) * d : d;
+    const Covariance layout = tied        ? Covariance::kTied
+                              : spherical ? Covariance::kSpherical
+                              : full      ? Covariance::kFull
+                                          : Covariance::kDiag;
+    const std::vector<MatrixXd> covs = *unpack_matrices(c, layout, k, d);  // the shape is checked
     for (int j = 0; j < k; ++j) {
-      const MatrixXd cj =
-          spherical ? MatrixXd(MatrixXd::Constant(d, 1, c[std::size_t(j)]))
-                    : MatrixXd(Eigen::Map<const MatrixXd>(c.data() + j * per, d, full ? d : 1));
+      const MatrixXd& cj = covs[std::size_t(j)];
       const bool pd =
           full ? cj.isApprox(cj.transpose()) && Eigen::LLT<MatrixXd>(cj).info() == Eigen::Success
                : (cj.array() > 0).all();
@@ -552,21 +573,10 @@ Model load_model(const Comm& comm, const std::string& file) {
     const auto m = r.read(em ? "/means" : "/posterior/m", &dims);
     if (dims.size() != 2) throw Error("'" + file + "': the means are not a K x D matrix");
     const int k = static_cast<int>(dims[0]), d = static_cast<int>(dims[1]);
-    // As write_matrices: tied holds one D x D matrix, spherical one scalar per component.
-    const std::size_t per = cov == Covariance::kTied        ? 0
-                            : cov == Covariance::kSpherical ? 1
-                            : cov == Covariance::kFull      ? std::size_t(d) * d
-                                                            : std::size_t(d);
-    const std::size_t total = cov == Covariance::kTied ? std::size_t(d) * d : per * k;
     auto matrices = [&](const std::vector<double>& v) {
-      if (v.size() != total) throw Error("'" + file + "': inconsistent matrix shapes");
-      std::vector<MatrixXd> out;
-      for (int j = 0; j < k; ++j)
-        out.push_back(cov == Covariance::kSpherical
-                          ? MatrixXd(MatrixXd::Constant(d, 1, v[std::size_t(j)]))
-                          : MatrixXd(Eigen::Map<const MatrixXd>(v.data() + j * per, d,
-                                                                full_moments(cov) ? d : 1)));
-      return out;
+      auto out = unpack_matrices(v, cov, k, d);
+      if (!out) throw Error("'" + file + "': inconsistent matrix shapes");
+      return std::move(*out);
     };
     auto vec = [&](const std::string& name) {
       const auto v = r.read(name);
