@@ -470,18 +470,20 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
       }
       return;
     }
+    // ln rho_nk of component k from its lines P_k^T (x - c), rows [r0, r0 + D) of y.
+    const auto from_lines = [&](int k, Index r0) {
+      quad.setZero();
+      for (int j = 0; j < d; ++j)
+        quad += (y.row(r0 + j).array() - offset_all_[Index(k) * d + j]).square();
+      out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
+    };
     if (cov_ == Covariance::kTied) {
-      // One shared P: P^T (x - c) is formed once for all K components.
+      // One shared P: its lines P^T (x - c) are formed once for all K components.
       if (d >= kTriangularMinDim)
         y.noalias() = prec_chol_[0].transpose().triangularView<Eigen::Lower>() * xt;
       else
         y.noalias() = prec_chol_[0].transpose() * xt;
-      for (int k = 0; k < kk; ++k) {
-        quad.setZero();
-        for (int j = 0; j < d; ++j)
-          quad += (y.row(j).array() - offset_all_[Index(k) * d + j]).square();
-        out.row(k) = log_rho_base_[k] - 0.5 * quad_scale_[k] * quad;
-      }
+      for (int k = 0; k < kk; ++k) from_lines(k, 0);
       return;
     }
     if (d <= 4) {
@@ -511,12 +513,7 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
       } else {
         y.noalias() = prec_all_.middleCols(Index(k0) * d, Index(g) * d).transpose() * xt;
       }
-      for (int k = 0; k < g; ++k) {
-        quad.setZero();
-        for (int j = 0; j < d; ++j)
-          quad += (y.row(Index(k) * d + j).array() - offset_all_[Index(k0 + k) * d + j]).square();
-        out.row(k0 + k) = log_rho_base_[k0 + k] - 0.5 * quad_scale_[k0 + k] * quad;
-      }
+      for (int k = 0; k < g; ++k) from_lines(k0 + k, Index(k) * d);
     }
   } else {
     for (int k = 0; k < kk; ++k) {
@@ -636,6 +633,24 @@ namespace {
               " is singular (its points collapsed onto a point or a subspace); add a small "
               "--reg-covar, e.g. 1e-6, or use fewer components");
 }
+
+// The maximum-likelihood covariance c + reg_covar I, symmetrised, where c = raw - (the means'
+// outer product) as the caller formed it (inline, so that the compiler may fuse its products
+// and subtractions as before); nothing if it is singular. It is a difference of raw moments: a
+// collapsed component (all its points equal) leaves round-off of size eps * raw instead of an
+// exact zero, so "singular" means a Cholesky pivot below that round-off level, not only a failed
+// factorisation.
+std::optional<MatrixXd> ml_covariance(MatrixXd c, const MatrixXd& raw, double reg) {
+  const double eps = std::numeric_limits<double>::epsilon();
+  c.diagonal().array() += reg;
+  c = 0.5 * (c + c.transpose());
+  Eigen::LLT<MatrixXd> llt(c);
+  const double floor = 100 * eps * (raw.diagonal().maxCoeff() + reg);
+  if (llt.info() != Eigen::Success ||
+      MatrixXd(llt.matrixL()).diagonal().cwiseAbs2().minCoeff() <= floor)
+    return std::nullopt;
+  return c;
+}
 }  // namespace
 
 void Model::update_ml(const Stats& s) {
@@ -676,17 +691,9 @@ void Model::update_ml(const Stats& s) {
       p.covariances[k] = VectorXd::Constant(d, var);
     } else if (cov_ == Covariance::kFull) {
       const MatrixXd raw = s.sxx_matrix(k) / nk;
-      MatrixXd c = raw - mc * mc.transpose();
-      c.diagonal().array() += reg_covar_;
-      p.covariances[k] = 0.5 * (c + c.transpose());
-      // Sigma_k is a difference of raw moments: a collapsed component (all its points equal)
-      // leaves round-off of size eps * raw instead of an exact zero, so "singular" means a
-      // Cholesky pivot below that round-off level, not only a failed factorisation.
-      Eigen::LLT<MatrixXd> llt(p.covariances[k]);
-      const double floor = 100 * eps * (raw.diagonal().maxCoeff() + reg_covar_);
-      if (llt.info() != Eigen::Success ||
-          MatrixXd(llt.matrixL()).diagonal().cwiseAbs2().minCoeff() <= floor)
-        throw_singular(k);
+      auto c = ml_covariance(raw - mc * mc.transpose(), raw, reg_covar_);
+      if (!c) throw_singular(k);
+      p.covariances[k] = std::move(*c);
     } else {
       const VectorXd raw = Eigen::Map<const VectorXd>(s.sxx(k), d) / nk;
       p.covariances[k] = raw - mc.cwiseAbs2();
@@ -697,17 +704,12 @@ void Model::update_ml(const Stats& s) {
   }
   if (cov_ == Covariance::kTied) {
     const MatrixXd raw = tied_raw / n_total;
-    MatrixXd c = raw - tied_means / n_total;
-    c.diagonal().array() += reg_covar_;
-    c = 0.5 * (c + c.transpose());
-    Eigen::LLT<MatrixXd> llt(c);
-    const double floor = 100 * eps * (raw.diagonal().maxCoeff() + reg_covar_);
-    if (llt.info() != Eigen::Success ||
-        MatrixXd(llt.matrixL()).diagonal().cwiseAbs2().minCoeff() <= floor)
+    const auto c = ml_covariance(raw - tied_means / n_total, raw, reg_covar_);
+    if (!c)
       throw Error(
           "EM: the tied covariance is singular (the points lie in a subspace); add a small "
           "--reg-covar, e.g. 1e-6");
-    for (int k = 0; k < kk; ++k) p.covariances[k] = c;
+    for (int k = 0; k < kk; ++k) p.covariances[k] = *c;
   }
   p.weights /= p.weights.sum();
   ml_ = std::move(p);
@@ -943,11 +945,16 @@ double Model::elbo(const Stats& s) const {
     // (m_k - c) - (m0 - c): both small when the data sit far from the origin.
     const VectorXd dm = m_shifted_.row(k).transpose() - (prior_.m0 - shift_);
     // Gaussian parts; the E[ln|Lambda_k|]/2 of (10.74) and (10.77) cancel.
-    double quad_m, tr_w0inv_w;
+    // Tied: the Wishart's own terms (the trace term and those below) enter once, not per
+    // component.
+    const bool wishart_terms = cov_ != Covariance::kTied || k == 0;
+    double quad_m, tr_w0inv_w = 0;
     if (full_moments(cov_)) {
       quad_m = (prec_chol_[k].transpose() * dm).squaredNorm();  // (m_k - m0)^T W_k (m_k - m0)
-      const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
-      tr_w0inv_w = prior_.W0_inv.cwiseProduct(w).sum();
+      if (wishart_terms) {
+        const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
+        tr_w0inv_w = prior_.W0_inv.cwiseProduct(w).sum();
+      }
     } else if (cov_ == Covariance::kDiag) {
       quad_m = (dm.cwiseAbs2().array() * w_diag_.row(k).transpose().array()).sum();
       tr_w0inv_w = (prior_.W0_inv.col(0).array() * w_diag_.row(k).transpose().array()).sum();
@@ -957,8 +964,7 @@ double Model::elbo(const Stats& s) const {
     }
     l += 0.5 * (d * std::log(b0 / (2 * M_PI)) - d * b0 / bk - b0 * nuk * quad_m);
     l -= 0.5 * d * std::log(bk / (2 * M_PI)) - 0.5 * d;
-    // Tied: the Wishart's own terms (this one and those below) enter once, not per component.
-    if (cov_ == Covariance::kTied && k > 0) continue;
+    if (!wishart_terms) continue;
     l -= 0.5 * nuk * tr_w0inv_w;
     // Wishart parts: ln B(W0, nu0) + (nu0 - p - 1)/2 E[ln|Lambda|] + H[Lambda], per Wishart block.
     if (cov_ == Covariance::kSpherical) {
