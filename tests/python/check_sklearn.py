@@ -82,6 +82,7 @@ CASES = [
     # name, N, D, K, cov, n_iter, options
     dict(name="full_N600_D2_K3", N=600, D=2, K=3, cov="full", n=10, seed=11),
     dict(name="full_N900_D7_K5", N=900, D=7, K=5, cov="full", n=10, seed=12),
+    dict(name="full_N800_D12_K4", N=800, D=12, K=4, cov="full", n=10, seed=19),
     dict(name="full_empty_N500_D3_K4", N=500, D=3, K=4, cov="full", n=10, seed=13, empty=3),
     dict(name="full_priors_N400_D3_K3", N=400, D=3, K=3, cov="full", n=10, seed=14,
          priors=dict(alpha0=0.7, beta0=0.25, nu0=5.5)),
@@ -109,6 +110,8 @@ CASES = [
 EM_CASES = [
     dict(name="em_full_N600_D3_K4", N=600, D=3, K=4, cov="full", n=15, seed=31, reg=1e-6),
     dict(name="em_full_noreg_N500_D2_K3", N=500, D=2, K=3, cov="full", n=10, seed=32, reg=0.0),
+    dict(name="em_full_N800_D9_K4", N=800, D=9, K=4, cov="full", n=15, seed=36, reg=1e-6),
+    dict(name="em_tied_N700_D6_K3", N=700, D=6, K=3, cov="tied", n=15, seed=37, reg=1e-6),
     dict(name="em_diag_N700_D5_K3", N=700, D=5, K=3, cov="diag", n=15, seed=33, reg=1e-4),
     dict(name="em_tied_N600_D3_K4", N=600, D=3, K=4, cov="tied", n=15, seed=34, reg=1e-6),
     dict(name="em_spherical_N700_D4_K3", N=700, D=4, K=3, cov="spherical", n=15, seed=35,

@@ -153,6 +153,81 @@ TEST(Gmm, ResponsibilitiesMatchDirectFormula) {
   }
 }
 
+// Every full-covariance E-step kernel against the direct formula, and the statistics the block
+// then adds against sums over the returned responsibilities: the lines P_k^T (x - m_k) (D = 3,
+// and D = 40 in groups), the expanded Theta F^T with its sparse statistics (D = 8, 16, 24), and
+// the lines again when a component sits too far from the shift for the expanded form (D = 8 with
+// the shift at the origin and the data at 1e3). Full and tied (tied: one W for every component).
+TEST(Gmm, EStepKernelsMatchDirectFormulaAndSums) {
+  struct Case {
+    int d;
+    double offset;
+    bool shift_at_mean;
+  };
+  for (const Covariance cov : {Covariance::kFull, Covariance::kTied}) {
+    for (const Case c : {Case{3, 2.0, true}, Case{8, 2.0, true}, Case{16, 1e3, true},
+                         Case{24, -50.0, true}, Case{40, 2.0, true}, Case{8, 1e3, false}}) {
+      const int n = 300, k = 4, d = c.d;
+      const RowMatrix x = random_data(n, d, 40 + d, c.offset);
+      const VectorXd mean = x.colwise().mean().transpose();
+      const VectorXd shift = c.shift_at_mean ? mean : VectorXd(VectorXd::Zero(d));
+      Prior prior = default_prior(cov, d, k);
+      prior.m0 = mean;  // else the posterior scale stretches towards the origin
+      Model model(cov, k, prior, shift);
+      Stats s = model.make_stats();
+      model.accumulate(x, random_resp(n, k, 41), s);
+      model.update(s);
+      RowMatrix r;
+      Stats s2 = model.make_stats();
+      model.local_step(x, s2, &r);
+      const Posterior& q = model.posterior();
+      const auto digamma = [](double a) {  // by differentiating lgamma: independent of math::
+        const double h = 1e-5 * a;
+        return (std::lgamma(a + h) - std::lgamma(a - h)) / (2 * h);
+      };
+      double max_err = 0, log_norm = 0;
+      for (int i = 0; i < n; ++i) {
+        VectorXd ln_rho(k);
+        for (int j = 0; j < k; ++j) {
+          const Eigen::LLT<MatrixXd> llt(q.W_inv[j]);
+          const VectorXd dx = x.row(i).transpose() - q.m.row(j).transpose();
+          double e_logdet =
+              d * std::log(2.0) - 2.0 * MatrixXd(llt.matrixL()).diagonal().array().log().sum();
+          for (int l = 1; l <= d; ++l) e_logdet += digamma(0.5 * (q.nu[j] + 1 - l));
+          ln_rho[j] = digamma(q.alpha[j]) - digamma(q.alpha.sum()) + 0.5 * e_logdet -
+                      0.5 * d * std::log(2 * std::numbers::pi) - d / (2 * q.beta[j]) -
+                      0.5 * q.nu[j] * dx.dot(llt.solve(dx));
+        }
+        const double mx = ln_rho.maxCoeff();
+        const double lse = mx + std::log((ln_rho.array() - mx).exp().sum());
+        log_norm += lse;
+        for (int j = 0; j < k; ++j)
+          max_err = std::max(max_err, std::abs(r(i, j) - std::exp(ln_rho[j] - lse)));
+      }
+      const std::string what = "d " + std::to_string(d) + " offset " + std::to_string(c.offset) +
+                               (cov == Covariance::kTied ? " tied" : " full");
+      // The numerical digammas carry ~1e-9 absolute error.
+      EXPECT_LT(max_err, 1e-7) << what;
+      EXPECT_NEAR(s2.log_norm(), log_norm, 1e-7 * n) << what;
+      // The block's statistics against sums over the returned responsibilities (which the
+      // sparse statistics skip below 2^-140: far below these tolerances).
+      const RowMatrix xc = x.rowwise() - shift.transpose();
+      for (int j = 0; j < k; ++j) {
+        const double nk = r.col(j).sum();
+        const VectorXd sx = xc.transpose() * r.col(j);
+        const MatrixXd sxx = xc.transpose() * r.col(j).asDiagonal() * xc;
+        EXPECT_NEAR(s2.n(j), nk, 1e-12 * n) << what;
+        EXPECT_LT((Eigen::Map<const VectorXd>(s2.sx(j), d) - sx).cwiseAbs().maxCoeff(),
+                  1e-12 * n * (1 + xc.cwiseAbs().maxCoeff()))
+            << what;
+        EXPECT_LT((s2.sxx_matrix(j) - sxx).cwiseAbs().maxCoeff(),
+                  1e-12 * n * (1 + xc.cwiseAbs2().maxCoeff()))
+            << what;
+      }
+    }
+  }
+}
+
 class GmmMonotone : public ::testing::TestWithParam<std::tuple<Covariance, int>> {};
 
 TEST_P(GmmMonotone, CaviNeverLowersTheElbo) {

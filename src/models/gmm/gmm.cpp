@@ -1,6 +1,7 @@
 #include "models/gmm/gmm.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.hpp"
@@ -180,6 +181,12 @@ constexpr int kMaxFeatureDim = 32;
 // From this dimension on, the E-step forms P_k^T (x - c) as a triangular product per component
 // rather than one GEMM over a group of components (Model::log_rho).
 constexpr int kTriangularMinDim = 64;
+// Up to this dimension the full-covariance E-step forms each line P_k^T (x - c) directly (a GEMM
+// of depth D would run far below its speed).
+constexpr int kMaxDirectLineDim = 4;
+// The expanded E-step (Model::refresh_kernel) is used while every component's nu_k ||m_k - c||^2_Wk
+// stays below this: 256 standard deviations of the component from the shift c.
+constexpr double kMaxExpandedOffset = 65536.0;
 
 // Above kMaxFeatureDim, a thread queues this many blocks (their centred rows and responsibilities)
 // and then forms their second moments component by component: component k's sums (D(D+1)/2
@@ -188,6 +195,118 @@ constexpr int kTriangularMinDim = 64;
 // accumulator (13.5 MB at D = 192, K = 30) streaming through memory once per block. Costs
 // kQueueBlocks x 256 x (D + K) doubles per thread (3.6 MB at D = 192, K = 30).
 constexpr int kQueueBlocks = 8;
+
+// Full second moments with kMaxDirectLineDim < D <= kMaxFeatureDim take the point-major
+// features and the sparse statistics below; the other feature paths the transposed features and
+// one dense GEMM.
+bool point_features(Covariance cov, Index d) {
+  return full_moments(cov) && d > kMaxDirectLineDim && d <= kMaxFeatureDim;
+}
+
+// F^T = [1, x - c, packed (x - c)(x - c)^T]^T of a block (diag and spherical: [1, x - c,
+// (x - c)^2]^T) from its centred rows transposed (xt, D x n): one feature per contiguous row, so
+// that every write is contiguous. The statistics are then one GEMM R^T F.
+void build_features_t(const RowMatrix& xt, Covariance cov, RowMatrix& f) {
+  const Index d = xt.rows(), n = xt.cols();
+  const Index m = full_moments(cov) ? d * (d + 1) / 2 : d;
+  f.resize(1 + d + m, n);
+  f.row(0).setOnes();
+  f.middleRows(1, d) = xt;
+  if (full_moments(cov)) {
+    Index p = 1 + d;
+    for (Index i = 0; i < d; ++i)
+      for (Index j = i; j < d; ++j) f.row(p++) = xt.row(i).cwiseProduct(xt.row(j));
+  } else {
+    f.bottomRows(d) = xt.cwiseAbs2();
+  }
+}
+
+// Four doubles, as GCC's generic vector (one AVX register; two SSE registers elsewhere).
+using Vec4 = double __attribute__((vector_size(32)));
+
+inline Vec4 load4(const double* p) {
+  Vec4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// The same features point-major, F (n x (1 + D + D(D+1)/2) used of kFeaturePad more columns),
+// from the centred rows xc (n x D): each point's features contiguous, as the sparse statistics
+// read them and as the expanded E-step's GEMM takes them (Theta F^T). Packed row a of y y^T,
+// y_a y[a, D), is written four products at a time; a write past its D - a entries is overwritten
+// by row a + 1, and the last row's by at most three padding columns (never read).
+constexpr Index kFeaturePad = 4;
+void build_features_rows(const RowMatrix& xc, RowMatrix& f) {
+  const Index n = xc.rows(), d = xc.cols();
+  f.resize(n, 1 + d + d * (d + 1) / 2 + kFeaturePad);
+  std::vector<double> ypad(std::size_t(d + 4), 0.0);
+  for (Index i = 0; i < n; ++i) {
+    std::memcpy(ypad.data(), &xc(i, 0), std::size_t(d) * sizeof(double));
+    const double* y = ypad.data();
+    double* o = &f(i, 0);
+    *o++ = 1.0;
+    for (Index a = 0; a < d; ++a) *o++ = y[a];
+    for (Index a = 0; a < d; ++a) {
+      const Vec4 ya = Vec4{} + y[a];
+      for (Index b = a; b < d; b += 4) {
+        const Vec4 p = ya * load4(y + b);
+        std::memcpy(o + (b - a), &p, sizeof p);
+      }
+      o += d - a;
+    }
+  }
+}
+
+// Responsibilities below this are left out of a block's statistics (see Accumulator::drain for
+// why that is below what the exact sums represent).
+constexpr double kNegligibleResp = 0x1p-140;
+
+// out[0, 4W) = sum_j r[kept[j]] f[kept[j] ld + (0, 4W)], in the order of kept, with W vector
+// accumulators held in registers.
+template <int W>
+void kept_sum(const double* r, const Index* kept, Index m, const double* f, Index ld, double* out) {
+  Vec4 acc[W] = {};
+  for (Index j = 0; j < m; ++j) {
+    const Index i = kept[j];
+    const Vec4 ri = Vec4{} + r[i];
+    const double* fi = f + i * ld;
+#pragma GCC unroll 8
+    for (int w = 0; w < W; ++w) acc[w] += ri * load4(fi + 4 * w);
+  }
+  std::memcpy(out, acc, sizeof acc);
+}
+
+// g (K x row, row-major) = sum over the block's points with r_nk >= kNegligibleResp of r_nk F_n,
+// for point-major F (n x row, of leading dimension f.cols()). Once a mixture separates, most
+// responsibilities are negligible (at (N, D, K) = (2e5, 16, 20), 73% after one iteration from a
+// one-hot start, 93% after 12), and a dense GEMM would spend as much on them as on the rest. Each
+// component's kept rows are visited in order and summed into 32 of its 1 + D + D(D+1)/2 entries
+// at a time, held in registers: one multiply-add per feature and kept (n, k). Which rows are
+// kept, and the order of every sum, depend on the block alone: rank- and thread-invariant.
+void sparse_moments(const RowMatrix& rt, const RowMatrix& f, Index row, std::vector<Index>& kept,
+                    double* g) {
+  const Index kk = rt.rows(), n = rt.cols(), ld = f.cols();
+  kept.resize(std::size_t(n));
+  for (Index k = 0; k < kk; ++k) {
+    const double* r = &rt(k, 0);
+    Index m = 0;
+    for (Index i = 0; i < n; ++i) {  // branch-free compaction
+      kept[std::size_t(m)] = i;
+      m += r[i] >= kNegligibleResp;
+    }
+    double* out = g + k * row;
+    Index c = 0;
+    for (; c + 32 <= row; c += 32) kept_sum<8>(r, kept.data(), m, f.data() + c, ld, out + c);
+    if (c + 16 <= row) kept_sum<4>(r, kept.data(), m, f.data() + c, ld, out + c), c += 16;
+    if (c + 8 <= row) kept_sum<2>(r, kept.data(), m, f.data() + c, ld, out + c), c += 8;
+    if (c + 4 <= row) kept_sum<1>(r, kept.data(), m, f.data() + c, ld, out + c), c += 4;
+    for (; c < row; ++c) {
+      double acc = 0;
+      for (Index j = 0; j < m; ++j) acc += r[kept[std::size_t(j)]] * f(kept[std::size_t(j)], c);
+      out[c] = acc;
+    }
+  }
+}
 
 }  // namespace
 
@@ -209,6 +328,7 @@ struct Accumulator {
   MatrixXd scatter;           // scratch: one component's D x D second moment (large D)
   MatrixXd z;                 // scratch: sqrt(r)-weighted rows of one component (large D)
   std::vector<RowMatrix> queued_x, queued_r;  // queued blocks: centred rows, responsibilities^T
+  std::vector<Index> kept;                    // scratch: sparse_moments' rows of one component
   int queued = 0;
 
   // Makes the sums fit s (its size and mode; exact: its grid), allocating only on a change.
@@ -244,9 +364,11 @@ struct Accumulator {
   // rt holds the block's responsibilities transposed (K x n), xtb the centred rows transposed
   // (D x n). F is formed transposed, one feature per contiguous row of F^T: built column by
   // column in a row-major n x (1 + D + M) matrix, every write was strided by the row length,
-  // which cost a fifth of a full-covariance iteration at D = 16.
+  // which cost a fifth of a full-covariance iteration at D = 16. Full second moments at
+  // kMaxDirectLineDim < D <= kMaxFeatureDim instead take F point-major and sparse_moments;
+  // `ready`, if given, holds that F already (formed by the expanded E-step).
   void add(const RowMatrix& xcb, const RowMatrix& xtb, const RowMatrix& rt, double log_norm,
-           Covariance cov) {
+           Covariance cov, const RowMatrix* ready = nullptr) {
     const Index n = xcb.rows(), d = xcb.cols(), kk = rt.rows();
     const Index m = full_moments(cov) ? d * (d + 1) / 2 : d;
     const Index row = 1 + d + m;
@@ -254,18 +376,14 @@ struct Accumulator {
     const bool features = !full_moments(cov) || d <= kMaxFeatureDim;
     if (exact) exact->prepare(1);
     if (features) {
-      f.resize(row, n);
-      f.row(0).setOnes();
-      f.middleRows(1, d) = xtb;
-      Eigen::Map<RowMatrix> g(block.data(), kk, row);
-      if (full_moments(cov)) {
-        Index p = 1 + d;
-        for (Index i = 0; i < d; ++i)
-          for (Index j = i; j < d; ++j) f.row(p++) = xtb.row(i).cwiseProduct(xtb.row(j));
+      if (point_features(cov, d)) {
+        if (!ready) build_features_rows(xcb, f);
+        sparse_moments(rt, ready ? *ready : f, row, kept, block.data());
       } else {
-        f.bottomRows(d) = xtb.cwiseAbs2();
+        build_features_t(xtb, cov, f);
+        Eigen::Map<RowMatrix> g(block.data(), kk, row);
+        g.noalias() = rt * f.transpose();
       }
-      g.noalias() = rt * f.transpose();
       put(0, block.data(), tail);
     } else {
       f.resize(n, 1 + d);
@@ -305,7 +423,6 @@ struct Accumulator {
   // last bits can differ from a dense update's; they did before between any two kernel orders.)
   // Which rows are kept depends on the block alone, so results stay rank- and thread-invariant.
   // N_k and Sx_k (the GEMM in add) still take every row.
-  static constexpr double kNegligibleResp = 0x1p-140;
   void drain() {
     if (queued == 0) return;
     const Index d = queued_x[0].cols(), kk = queued_r[0].rows();
@@ -394,13 +511,20 @@ void for_blocks(Index n_rows, Stats& stats, Body&& body) {
   if (acc.size() < std::size_t(n_threads)) acc.resize(std::size_t(n_threads));
   try {
     std::vector<char> fitted(std::size_t(n_threads), 0);
-    parallel_blocks(n_rows, kBlockRows, n_threads, [&](int t, std::int64_t r0, std::int64_t r1) {
+    const auto run = [&](int t, std::int64_t r0, std::int64_t r1) {
       if (!fitted[std::size_t(t)]) {
         acc[std::size_t(t)].fit(stats);
         fitted[std::size_t(t)] = 1;
       }
       body(acc[std::size_t(t)], r0, r1);
-    });
+    };
+    // Exact sums do not depend on which thread adds which block, so blocks go to whichever
+    // thread is free (the sparse statistics make blocks unequal in cost); the plain double sums
+    // need the fixed static order.
+    if (stats.exact())
+      parallel_blocks_dynamic(n_rows, kBlockRows, n_threads, run);
+    else
+      parallel_blocks(n_rows, kBlockRows, n_threads, run);
     // Each thread's queued blocks, one accumulator per thread again.
     parallel_blocks(n_threads, 1, n_threads, [&](int, std::int64_t i, std::int64_t) {
       if (fitted[std::size_t(i)]) acc[std::size_t(i)].drain();
@@ -436,7 +560,7 @@ void Model::accumulate(const RowMatrix& x, const RowMatrix& resp, Stats& stats) 
   });
 }
 
-void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
+void Model::log_rho(const RowMatrix& xc, const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
   // Bishop 2006, eq. 10.46 with 10.64-10.66:
   //   ln rho_nk = E[ln pi_k] + E[ln|Lambda_k|]/2 - D/2 ln 2pi
   //   - D/(2 beta_k) - nu_k/2 (x_n - m_k)^T W_k (x_n - m_k).   xt here is (x - c)^T, D x n.
@@ -486,7 +610,14 @@ void Model::log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const {
       for (int k = 0; k < kk; ++k) from_lines(k, 0);
       return;
     }
-    if (d <= 4) {
+    if (theta_.size() != 0) {
+      // Expanded: ln rho_nk = Theta_k . F_n, one GEMM against the block's features (left in y
+      // for the statistics, which take the same F; see refresh_kernel).
+      build_features_rows(xc, y);
+      out.noalias() = theta_ * y.leftCols(theta_.cols()).transpose();
+      return;
+    }
+    if (d <= kMaxDirectLineDim) {
       // Tiny D: the GEMM's depth would be D, so form each line P_k^T (x - c) directly.
       for (int k = 0; k < kk; ++k) {
         quad.setZero();
@@ -530,8 +661,8 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
   for_blocks(x.rows(), stats, [&](Accumulator& a, Index r0, Index r1) {
     const Index n = r1 - r0;
     a.xc = x.middleRows(r0, n).rowwise() - shift_.transpose();
-    a.xt = a.xc.transpose();
-    log_rho(a.xt, a.y, a.r);
+    if (theta_.size() == 0) a.xt = a.xc.transpose();  // the expanded E-step reads xc only
+    log_rho(a.xc, a.xt, a.y, a.r);
     // Bishop 2006, eq. 10.49, by log-sum-exp: r_nk = exp(ln rho_nk - ln sum_j rho_nj), with the
     // maxima over k subtracted first and the exponentials of the whole K x n block taken at once.
     const Eigen::RowVectorXd mx = a.r.colwise().maxCoeff();
@@ -541,7 +672,7 @@ void Model::local_step(const RowMatrix& x, Stats& stats, RowMatrix* resp_out) co
     a.r.array().rowwise() /= sums.array();
     const double log_norm = (mx.array() + sums.array().log()).sum();
     if (resp_out) resp_out->middleRows(r0, n) = a.r.transpose();
-    a.add(a.xc, a.xt, a.r, log_norm, cov_);
+    a.add(a.xc, a.xt, a.r, log_norm, cov_, theta_.size() != 0 ? &a.y : nullptr);
   });
 }
 
@@ -836,6 +967,41 @@ void Model::refresh_kernel() {
     prec_all_.middleCols(Index(k) * d, d) = prec_chol_[k];
     offset_all_.segment(Index(k) * d, d) = m_shifted_.row(k) * prec_chol_[k];
   }
+  // The expanded E-step. With y = x - c, mu = m_k - c and W_k = P_k P_k^T, the quadratic form of
+  // Bishop 2006, eq. 10.64 expands to
+  //   -nu_k/2 (y - mu)^T W_k (y - mu) = -nu_k/2 mu^T W_k mu + nu_k (W_k mu)^T y
+  //                                     - nu_k/2 sum_i W_k,ii y_i^2 - nu_k sum_{i<j} W_k,ij y_i
+  //                                     y_j,
+  // linear in the block's features F = [1, y, packed y y^T], which the statistics form anyway
+  // (Bishop 2006, eqs 10.51-10.53). So ln rho = Theta F^T is one GEMM of depth 1 + D + D(D+1)/2:
+  // at D = 16, 152 multiply-adds per point and component instead of the D^2 = 256 of the lines
+  // P_k^T (y - c) and a pass over their K x D values afterwards (scikit-learn expands its
+  // diagonal-covariance E-step the same way). The price is cancellation: the three terms are of
+  // size s_k = nu_k ||mu||^2_Wk for points near m_k, so ln rho_nk carries an absolute error of a
+  // few s_k ulp instead of a few sqrt(s_k) ulp. Below kMaxExpandedOffset that is under ~1e-10;
+  // beyond it (a component hundreds of standard deviations from the shift) the lines are used.
+  // The choice depends on the global parameters alone, so every rank and thread makes the same.
+  theta_.resize(0, 0);
+  if (cov_ != Covariance::kFull || precision_ != Precision::kDouble || d <= kMaxDirectLineDim ||
+      d > kMaxFeatureDim)
+    return;
+  for (int k = 0; k < kk; ++k)
+    if (!(quad_scale_[k] * offset_all_.segment(Index(k) * d, d).squaredNorm() <=
+          kMaxExpandedOffset))
+      return;
+  theta_.resize(kk, 1 + d + Index(d) * (d + 1) / 2);
+  for (int k = 0; k < kk; ++k) {
+    const double q = quad_scale_[k];
+    const Eigen::RowVectorXd off = offset_all_.segment(Index(k) * d, d);
+    const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
+    theta_(k, 0) = log_rho_base_[k] - 0.5 * q * off.squaredNorm();
+    theta_.row(k).segment(1, d) = q * (prec_chol_[k] * off.transpose()).transpose();
+    Index p = 1 + d;
+    for (int i = 0; i < d; ++i) {
+      theta_(k, p++) = -0.5 * q * w(i, i);
+      for (int j = i + 1; j < d; ++j) theta_(k, p++) = -q * w(i, j);
+    }
+  }
 }
 
 double Model::weight_kl_terms() const {
@@ -1008,10 +1174,10 @@ double Model::log_predictive_sum(const RowMatrix& x, std::vector<double>* blocks
     // EM: the E-step's log-normalisers, sum_n ln sum_k pi_k N(x_n | mu_k, Sigma_k).
     parallel_blocks(x.rows(), kBlockRows, max_threads(),
                     [&](int, std::int64_t r0, std::int64_t r1) {
-                      const RowMatrix xt =
-                          (x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose()).transpose();
+                      const RowMatrix xc = x.middleRows(r0, r1 - r0).rowwise() - shift_.transpose();
+                      const RowMatrix xt = xc.transpose();
                       RowMatrix y, lp;
-                      log_rho(xt, y, lp);
+                      log_rho(xc, xt, y, lp);
                       double sum = 0;
                       for (Index i = 0; i < lp.cols(); ++i) sum += math::log_sum_exp(lp.col(i));
                       partial[static_cast<std::size_t>(r0 / kBlockRows)] = sum;

@@ -294,12 +294,13 @@ class Model {
  private:
   void refresh();         // recompute the cached expectations below from post_
   void refresh_ml();      // the same from ml_
-  void refresh_kernel();  // prec_all_ and offset_all_ from prec_chol_ and m_shifted_
+  void refresh_kernel();  // prec_all_, offset_all_, theta_ from prec_chol_ and m_shifted_
   void update_ml(const Stats& stats);
   double weight_kl_terms() const;  // E[ln p(pi)] - E[ln q(pi)] (or of the sticks v)
-  // ln rho_nk (Bishop 2006, eq. 10.46 with 10.64-10.66) of one block of centred rows, given
-  // transposed (xt = (x - c)^T, D x n), into out (K x n); y is scratch.
-  void log_rho(const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const;
+  // ln rho_nk (Bishop 2006, eq. 10.46 with 10.64-10.66) of one block of centred rows, given as
+  // xc = x - c (n x D) and transposed (xt, D x n), into out (K x n); y is scratch (with theta_:
+  // the block's point-major features on return).
+  void log_rho(const RowMatrix& xc, const RowMatrix& xt, RowMatrix& y, RowMatrix& out) const;
 
   Covariance cov_;
   int k_;
@@ -324,6 +325,9 @@ class Model {
   // of rows gives every (x_n - m_k)^T P_k at once.
   Eigen::MatrixXd prec_all_;
   Eigen::RowVectorXd offset_all_;
+  // Full, 4 < D <= 32, double: ln rho_nk = Theta_k . [1, x - c, packed (x - c)(x - c)^T], one row
+  // per component (K x (1 + D + D(D+1)/2)); empty where the lines above are used instead.
+  RowMatrix theta_;
   Precision precision_ = Precision::kDouble;
   std::vector<Eigen::MatrixXf> prec_chol_t_f_;  // kSingle: P_k^T (lower triangular) in float
 };
