@@ -239,10 +239,9 @@ constexpr Index kFeaturePad = 4;
 void build_features_rows(const RowMatrix& xc, RowMatrix& f) {
   const Index n = xc.rows(), d = xc.cols();
   f.resize(n, 1 + d + d * (d + 1) / 2 + kFeaturePad);
-  std::vector<double> ypad(std::size_t(d + 4), 0.0);
+  double y[kMaxFeatureDim + 4] = {};  // one row, zero-padded for the last four-wide reads
   for (Index i = 0; i < n; ++i) {
-    std::memcpy(ypad.data(), &xc(i, 0), std::size_t(d) * sizeof(double));
-    const double* y = ypad.data();
+    std::memcpy(y, &xc(i, 0), std::size_t(d) * sizeof(double));
     double* o = &f(i, 0);
     *o++ = 1.0;
     for (Index a = 0; a < d; ++a) *o++ = y[a];
@@ -969,9 +968,9 @@ void Model::refresh_kernel() {
   }
   // The expanded E-step. With y = x - c, mu = m_k - c and W_k = P_k P_k^T, the quadratic form of
   // Bishop 2006, eq. 10.64 expands to
-  //   -nu_k/2 (y - mu)^T W_k (y - mu) = -nu_k/2 mu^T W_k mu + nu_k (W_k mu)^T y
-  //                                     - nu_k/2 sum_i W_k,ii y_i^2 - nu_k sum_{i<j} W_k,ij y_i
-  //                                     y_j,
+  //   -nu_k/2 (y - mu)^T W_k (y - mu)
+  //       = -nu_k/2 mu^T W_k mu + nu_k (W_k mu)^T y - nu_k/2 sum_i W_k,ii y_i^2
+  //         - nu_k sum_{i<j} W_k,ij y_i y_j,
   // linear in the block's features F = [1, y, packed y y^T], which the statistics form anyway
   // (Bishop 2006, eqs 10.51-10.53). So ln rho = Theta F^T is one GEMM of depth 1 + D + D(D+1)/2:
   // at D = 16, 152 multiply-adds per point and component instead of the D^2 = 256 of the lines
@@ -990,10 +989,11 @@ void Model::refresh_kernel() {
           kMaxExpandedOffset))
       return;
   theta_.resize(kk, 1 + d + Index(d) * (d + 1) / 2);
+  const std::vector<MatrixXd> ws = scale_matrices();
   for (int k = 0; k < kk; ++k) {
     const double q = quad_scale_[k];
     const Eigen::RowVectorXd off = offset_all_.segment(Index(k) * d, d);
-    const MatrixXd w = prec_chol_[k] * prec_chol_[k].transpose();
+    const MatrixXd& w = ws[std::size_t(k)];
     theta_(k, 0) = log_rho_base_[k] - 0.5 * q * off.squaredNorm();
     theta_.row(k).segment(1, d) = q * (prec_chol_[k] * off.transpose()).transpose();
     Index p = 1 + d;
