@@ -109,7 +109,7 @@ void Checkpointer::restore_counters(std::span<const Counter> counters) const {
     const io::FileReader r(files_.resume);
     const std::string bad = "--resume " + files_.resume + ": ";
     for (std::size_t i = 0; i < counters.size(); ++i)
-      v[i] = ckpt::read_int(r, "counters." + counters[i].name, 0, ckpt::kMaxCount, bad);
+      v[i] = ckpt::read_int(r, "counters." + counters[i].name, 0, kMaxCount, bad);
   });
   for (std::size_t i = 0; i < counters.size(); ++i) *counters[i].value = comm_.is_root() ? v[i] : 0;
 }

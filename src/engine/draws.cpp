@@ -5,7 +5,6 @@
 
 #include "core/gradient_sum.hpp"
 #include "core/parallel.hpp"
-#include "inference/checkpoint.hpp"
 
 namespace caviar::engine::detail {
 
@@ -121,8 +120,8 @@ bool elbo_diverging(const std::vector<double>& elbo, std::int64_t window) {
 }
 
 std::int64_t steps_done(const StateReader& r, std::int64_t max_iter) {
-  return ckpt::checked_int(r.attr_double("steps_done"), 0, max_iter,
-                           "the checkpoint's steps done (more than --max-iter?)");
+  return r.attr_int("steps_done", 0, max_iter,
+                    "the checkpoint's steps done (more than --max-iter?)");
 }
 
 }  // namespace caviar::engine::detail

@@ -3,8 +3,6 @@
 #include <bit>
 #include <limits>
 
-#include "inference/checkpoint.hpp"
-
 namespace caviar::engine::detail {
 
 namespace {
@@ -120,8 +118,7 @@ void EpochPosition::save(StateWriter& w) const {
 }
 
 void EpochPosition::load(const StateReader& r, std::int64_t steps) {
-  step = ckpt::checked_int(r.attr_double("step_in_epoch"), 0, steps - 1,
-                           "the checkpoint's step inside its epoch");
+  step = r.attr_int("step_in_epoch", 0, steps - 1, "the checkpoint's step inside its epoch");
   sum = r.attr_double("epoch_sum");
 }
 

@@ -72,12 +72,7 @@ void BasicOptimizer<T>::save(StateWriter& w) const {
 
 template <class T>
 void BasicOptimizer<T>::load(const StateReader& r) {
-  const double t = r.attr_double("steps");
-  if (!(t >= 0 && t <= 0x1p53) || t != std::floor(t))
-    throw Error(
-        "the checkpoint's optimiser step count is not a non-negative integer (corrupt "
-        "checkpoint?)");
-  adam_.set_steps(static_cast<std::int64_t>(t));
+  adam_.set_steps(r.attr_int("steps", 0, kMaxCount, "the checkpoint's optimiser steps"));
   if (cfg_.method != Method::kAdam) return;
   const Dims dims{static_cast<std::uint64_t>(n_)};
   const std::vector<double> m = r.array("adam_m", dims), v = r.array("adam_v", dims);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace caviar::engine {
 
 using Dims = std::vector<std::uint64_t>;
@@ -56,6 +58,12 @@ class StateReader {
   // Throws caviar::Error naming the file unless the dataset exists with exactly these dims.
   virtual std::vector<double> array(const std::string& name, const Dims& dims) const = 0;
   virtual double attr_double(const std::string& name) const = 0;
+  // A count or an index, stored as a double attribute: throws caviar::Error ("<what> = v is not an
+  // integer in [lo, hi] (corrupt file?)") unless it is a whole number in [lo, hi].
+  std::int64_t attr_int(const std::string& name, std::int64_t lo, std::int64_t hi,
+                        const std::string& what) const {
+    return checked_int(attr_double(name), lo, hi, what);
+  }
   virtual std::string attr_string(const std::string& name) const = 0;
 };
 

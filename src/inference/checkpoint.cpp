@@ -248,16 +248,6 @@ std::string signal_name(int sig) {
   return "signal " + std::to_string(sig);
 }
 
-std::int64_t checked_int(double v, std::int64_t lo, std::int64_t hi, const std::string& what) {
-  if (!(v >= static_cast<double>(lo) && v <= static_cast<double>(hi)) || v != std::floor(v)) {
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    throw Error(what + " = " + buf + " is not an integer in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "] (corrupt file?)");
-  }
-  return static_cast<std::int64_t>(v);
-}
-
 std::int64_t read_int(const io::FileReader& r, const std::string& name, std::int64_t lo,
                       std::int64_t hi, const std::string& bad) {
   return checked_int(r.read_double_attr(name), lo, hi, bad + "its attribute '" + name + "'");

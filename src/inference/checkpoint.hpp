@@ -147,13 +147,8 @@ std::string signal_name(int sig);  // "SIGTERM", "SIGUSR1", or "signal N"
 void write_vec(io::FileWriter& w, const std::string& name, std::span<const double> v);
 std::vector<double> read_vec(const io::FileReader& r, const std::string& name);
 
-// A counter or position read from a file (stored as an integer, read as a double): v must be an
-// integer in [lo, hi] (hi <= 2^53, where doubles still hold every integer), else `what` (e.g.
-// "--resume ck.h5: its attribute 'epoch'") is refused as corrupt. Converting a NaN, a fraction's
-// neighbour or an out-of-range value unchecked is undefined behaviour.
-inline constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;
-std::int64_t checked_int(double v, std::int64_t lo, std::int64_t hi, const std::string& what);
-// The same for the attribute `name` of a checkpoint; `bad` is the prefix "--resume FILE: ".
+// A counter or position stored as the attribute `name` of a checkpoint (checked_int,
+// core/error.hpp); `bad` is the prefix "--resume FILE: ".
 std::int64_t read_int(const io::FileReader& r, const std::string& name, std::int64_t lo,
                       std::int64_t hi, const std::string& bad);
 

@@ -168,7 +168,7 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   Architecture a;
   const std::string bad = "'" + file + "': ";
   for (double h : r.read("/architecture/hidden"))
-    a.hidden.push_back(static_cast<int>(ckpt::checked_int(h, 1, INT_MAX, bad + "a hidden width")));
+    a.hidden.push_back(static_cast<int>(checked_int(h, 1, INT_MAX, bad + "a hidden width")));
   a.input_dim = static_cast<int>(ckpt::read_int(r, "input_dim", 1, INT_MAX, bad));
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));

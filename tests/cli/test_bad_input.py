@@ -190,6 +190,10 @@ def main():
         f.move("model/stats", "stats")
         f.attrs["t"] = 3
         f.attrs["epoch"] = 1
+    # An SVI checkpoint whose model's step count is no whole number.
+    shutil.copyfile(p("ck_svi.h5"), p("ck_svi_steps.h5"))
+    with h5py.File(p("ck_svi_steps.h5"), "r+") as f:
+        f.attrs["model.steps"] = 2.5
     # Checkpoints edited as fuzzing found them crash the readers (tests/fuzz/regressions): a
     # counter that is no integer, an attribute that is an array, a dataset declaring 3e8 values it
     # does not hold.
@@ -447,6 +451,7 @@ def main():
         ("resume: another data file", 2, fit(p("other.h5") + ":/X", "-k", "2", "--resume", p("ck.h5"), "--out", out), "its data differ from this run's --data"),
         ("resume: another algorithm", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "em", "--resume", p("ck.h5"), "--out", out), "--algorithm cavi, this run has --algorithm em"),
         ("resume: another seed", 2, fit(p("good.h5") + ":/X", "-k", "2", "--seed", "9", "--resume", p("ck.h5"), "--out", out), "--seed 0, this run has --seed 9"),
+        ("resume: an SVI step count that is not an integer", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "128", "--max-iter", "3", "--resume", p("ck_svi_steps.h5"), "--out", out), "the checkpoint's SVI steps = 2.5 is not an integer in [0, 9007199254740992]"),
         ("resume: an SVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--algorithm", "svi", "--batch-size", "128", "--max-iter", "3", "--resume", p("ck_svi_old.h5"), "--out", out), "its fingerprint lacks 'layout'"),
         ("resume: a CAVI checkpoint of an older caviar", 2, fit(p("good.h5") + ":/X", "-k", "2", "--resume", p("ck_old.h5"), "--out", out), "its fingerprint lacks 'layout'"),
         ("resume: a model file", 2, fit(p("good3d.h5") + ":/X", "-k", "2", "--resume", p("model3d.h5"), "--out", out), "not a checkpoint of this caviar"),

@@ -11,14 +11,6 @@ namespace caviar::gmm {
 
 namespace {
 
-// A count read back from a checkpoint: a whole number in [0, 2^53).
-std::int64_t count_attr(const engine::StateReader& r, const std::string& name) {
-  const double v = r.attr_double(name);
-  if (!(v >= 0 && v < 9007199254740992.0) || v != std::floor(v))
-    throw Error("the checkpoint's SVI " + name + " is not a count (corrupt checkpoint?)");
-  return static_cast<std::int64_t>(v);
-}
-
 void save_vec(engine::StateWriter& w, const std::string& name, const std::vector<double>& v) {
   if (!v.empty()) w.array(name, v, {v.size()});
 }
@@ -166,7 +158,8 @@ void SviFit::load(const engine::StateReader& r) {
   std::copy(v.begin(), v.end(), s.buffer().begin());
   model_.update(s);
   start(s);
-  const std::int64_t t = count_attr(r, "steps"), f = count_attr(r, "full_elbos");
+  const std::int64_t t = r.attr_int("steps", 0, kMaxCount, "the checkpoint's SVI steps");
+  const std::int64_t f = r.attr_int("full_elbos", 0, kMaxCount, "the checkpoint's SVI full ELBOs");
   traces_ = {load_vec(r, "trace_elbo", t),        load_vec(r, "trace_rho", t),
              load_vec(r, "trace_seconds", t),     load_vec(r, "full_elbo", f),
              load_vec(r, "full_elbo_seconds", f), load_vec(r, "full_elbo_step", f)};
