@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -197,6 +198,19 @@ void write_model(const Comm& comm, const FitOptions& o, const Model& model, cons
       });
 }
 
+// The engine fields both fits set alike; heldout (--heldout) may be empty.
+void set_run(engine::Run& run, const Comm& comm, const FitOptions& o, engine::Checkpointer& ck,
+             RowRange rows, std::int64_t n_docs, const Progress& progress,
+             std::function<double()> heldout) {
+  run.comm = &comm;
+  run.stop = {o.iterations(), o.tol};
+  run.checkpoint = &ck;
+  run.rows = rows;
+  run.global_rows = n_docs;
+  run.progress = progress;
+  run.heldout = std::move(heldout);
+}
+
 // Batch CAVI on the engine's driver (models/lda/batch.hpp), in memory or --stream.
 FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progress,
                    const Inputs& in) {
@@ -260,16 +274,10 @@ FitResult fit_cavi(const Comm& comm, const FitOptions& o, const Progress& progre
   }
   BatchFit fit(model, std::move(pieces), info.tokens, o.local, ck.iteration() > 0);
   engine::BatchRun run;
-  run.comm = &comm;
-  run.stop = {o.iterations(), o.tol};
-  run.checkpoint = &ck;
-  run.rows = rows;
-  run.global_rows = info.n_docs;
-  run.progress = progress;
-  if (in.heldout)
-    run.heldout = [&] {
-      return completion_score(comm, model, held, held_docs, o.local).perplexity;
-    };
+  set_run(run, comm, o, ck, rows, info.n_docs, progress,
+          in.heldout
+              ? [&] { return completion_score(comm, model, held, held_docs, o.local).perplexity; }
+              : std::function<double()>());
   run.counters = {{"doc_sweeps", &fit.sweeps()}};
   res.run = engine::fit_batch(fit, run);
   res.sweeps = fit.sweeps();
@@ -347,17 +355,11 @@ FitResult fit_svi(const Comm& comm, const FitOptions& o, const Progress& progres
              o.stream ? stream_reader(comm, in.data, indptr, info.n_words) : nullptr, info.n_docs,
              info.tokens, o.seed, o.local);
   engine::StochasticRun run;
-  run.comm = &comm;
   // --tol compares the passes' objective estimates, as for every stochastic fit.
-  run.stop = {o.iterations(), o.tol};
-  run.checkpoint = &ck;
-  run.rows = rows;
-  run.global_rows = info.n_docs;
-  run.progress = progress;
-  if (in.heldout)
-    run.heldout = [&] {
-      return completion_score(comm, model, held, held_docs, o.local).perplexity;
-    };
+  set_run(run, comm, o, ck, rows, info.n_docs, progress,
+          in.heldout
+              ? [&] { return completion_score(comm, model, held, held_docs, o.local).perplexity; }
+              : std::function<double()>());
   run.counters = {{"doc_sweeps", &fit.sweeps()},
                   {"tokens_visited", &fit.tokens_visited()},
                   {"reduced_words", &fit.reduced_words()},
