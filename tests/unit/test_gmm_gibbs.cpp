@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "models/gmm_gibbs/draws.hpp"
 
@@ -141,8 +142,8 @@ double direct_log_term(const Params& p, gmm::Covariance cov, const VectorXd& x, 
   const MatrixXd lam =
       cov == gmm::Covariance::kDiag ? MatrixXd(p.precision[k].col(0).asDiagonal()) : p.precision[k];
   const VectorXd e = x - p.means.row(k).transpose();
-  return std::log(p.weights[k]) + 0.5 * std::log(lam.determinant()) - std::log(2 * M_PI) -
-         0.5 * e.dot(lam * e);
+  return std::log(p.weights[k]) + 0.5 * std::log(lam.determinant()) -
+         0.5 * double(e.size()) * std::log(2 * M_PI) - 0.5 * e.dot(lam * e);
 }
 
 TEST(GmmGibbsLabels, FrequenciesFollowTheFullConditional) {
@@ -186,6 +187,50 @@ TEST(GmmGibbsLabels, LabelsDoNotDependOnHowRowsAreSplit) {
   draw_labels(p, gmm::Covariance::kFull, b, 44, 9, 3, {parts.data() + 4, 6}, {tp.data() + 4, 6});
   EXPECT_EQ(whole, parts);
   EXPECT_EQ(tw, tp);
+}
+
+// The label kernel works on groups of rows at once: every row of several groups and of a group's
+// remainder (37 rows), at a D that is not a multiple of the vector width, gets the direct
+// formula's terms and densities, and splitting the rows elsewhere than at a group boundary changes
+// no bit.
+TEST(GmmGibbsLabels, GroupedKernelMatchesTheDirectFormulaForEveryRow) {
+  const int d = 7, kk = 4, n = 37;
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> z01;
+  for (gmm::Covariance cov : {gmm::Covariance::kFull, gmm::Covariance::kDiag}) {
+    Params p;
+    p.weights = VectorXd::Constant(kk, 1.0 / kk);
+    p.means.resize(kk, d);
+    for (int k = 0; k < kk; ++k) {
+      for (int j = 0; j < d; ++j) p.means(k, j) = 2.0 * z01(gen);
+      MatrixXd a(d, d);
+      for (int i = 0; i < d; ++i)
+        for (int j = 0; j < d; ++j) a(i, j) = z01(gen);
+      MatrixXd lam = a * a.transpose() + d * MatrixXd::Identity(d, d);
+      p.precision.push_back(cov == gmm::Covariance::kDiag ? MatrixXd(lam.diagonal()) : lam);
+    }
+    gmm::RowMatrix x(n, d);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j) x(i, j) = 1.5 * z01(gen);
+    std::vector<std::int64_t> labels(n), parts(n);
+    std::vector<double> terms(n), tp(n), dens(n);
+    draw_labels(p, cov, x, 1000, 3, 2, labels, terms);
+    LabelKernel(p, cov).log_density(x, dens);
+    for (int i = 0; i < n; ++i) {
+      const VectorXd xi = x.row(i).transpose();
+      EXPECT_NEAR(terms[i], direct_log_term(p, cov, xi, int(labels[i])), 1e-10) << "row " << i;
+      double mx = -INFINITY, total = 0;
+      for (int k = 0; k < kk; ++k) mx = std::max(mx, direct_log_term(p, cov, xi, k));
+      for (int k = 0; k < kk; ++k) total += std::exp(direct_log_term(p, cov, xi, k) - mx);
+      EXPECT_NEAR(dens[i], mx + std::log(total), 1e-10) << "row " << i;
+    }
+    const gmm::RowMatrix a = x.topRows(13), b = x.bottomRows(n - 13);
+    draw_labels(p, cov, a, 1000, 3, 2, {parts.data(), 13}, {tp.data(), 13});
+    draw_labels(p, cov, b, 1013, 3, 2, {parts.data() + 13, std::size_t(n - 13)},
+                {tp.data() + 13, std::size_t(n - 13)});
+    EXPECT_EQ(labels, parts);
+    EXPECT_EQ(terms, tp);
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "core/error.hpp"
@@ -109,23 +110,58 @@ LabelKernel::LabelKernel(const Params& p, gmm::Covariance cov)
   }
 }
 
-void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i,
-                            Eigen::VectorXd& logp, Eigen::VectorXd& diff) const {
+void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i0,
+                            Eigen::Index m, std::vector<double>& scratch, double* logp) const {
   const int k_n = static_cast<int>(offset_.size()), d = static_cast<int>(x.cols());
-  for (int k = 0; k < k_n; ++k) {
-    diff = x.row(i).transpose() - p_.means.row(k).transpose();
-    double q = 0;
-    if (diag_) {
-      for (int j = 0; j < d; ++j) q += p_.precision[k](j, 0) * diff[j] * diff[j];
-    } else {
-      // (x - mu)^T L L^T (x - mu) = |L^T (x - mu)|^2, summed in index order.
-      for (int j = 0; j < d; ++j) {
-        double v = 0;
-        for (int r = j; r < d; ++r) v += chol_[k](r, j) * diff[r];
-        q += v * v;
+  if (diag_) {
+    for (Eigen::Index i = 0; i < m; ++i)
+      for (int k = 0; k < k_n; ++k) {
+        double q = 0;
+        for (int j = 0; j < d; ++j) {
+          const double diff = x(i0 + i, j) - p_.means(k, j);
+          q += p_.precision[k](j, 0) * diff * diff;
+        }
+        logp[i * k_n + k] = offset_[k] - 0.5 * q;
       }
+    return;
+  }
+  // (x - mu)^T L L^T (x - mu) = |L^T (x - mu)|^2, each line (L^T (x - mu))_j summed over r >= j
+  // in index order and the squares summed over j in order, for kGroup rows at once: vectors run
+  // across rows, so each row's sums are the same operations in the same order as one row alone
+  // (the bits do not depend on the grouping), while the D^2 / 2 multiply-adds of a row and
+  // component, a chain of dependent adds for one row, become kGroup / 4 independent chains.
+  using Vec4 = double __attribute__((vector_size(32)));
+  constexpr int kVecs = kGroup / 4;
+  static_assert(kGroup % 4 == 0);
+  const std::size_t per_dim = kVecs * 4;
+  scratch.assign(2 * std::size_t(d) * per_dim, 0.0);
+  double* xt = scratch.data();  // xt[r][row]: the group's rows transposed (unused rows zero)
+  double* dt = xt + std::size_t(d) * per_dim;  // dt[r][row] = x_row,r - mu_k,r
+  for (Eigen::Index i = 0; i < m; ++i)
+    for (int r = 0; r < d; ++r) xt[std::size_t(r) * per_dim + std::size_t(i)] = x(i0 + i, r);
+  const auto load = [](const double* p) {
+    Vec4 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  };
+  for (int k = 0; k < k_n; ++k) {
+    for (int r = 0; r < d; ++r)
+      for (std::size_t c = 0; c < per_dim; ++c)
+        dt[std::size_t(r) * per_dim + c] = xt[std::size_t(r) * per_dim + c] - p_.means(k, r);
+    const double* l = chol_[std::size_t(k)].data();  // column-major: L(r, j) = l[j d + r]
+    Vec4 q[kVecs] = {};
+    for (int j = 0; j < d; ++j) {
+      Vec4 v[kVecs] = {};
+      for (int r = j; r < d; ++r) {
+        const Vec4 lr = Vec4{} + l[std::size_t(j) * std::size_t(d) + std::size_t(r)];
+        const double* row = dt + std::size_t(r) * per_dim;
+#pragma GCC unroll 4
+        for (int c = 0; c < kVecs; ++c) v[c] += lr * load(row + 4 * c);
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < kVecs; ++c) q[c] += v[c] * v[c];
     }
-    logp[k] = offset_[k] - 0.5 * q;
+    for (Eigen::Index i = 0; i < m; ++i) logp[i * k_n + k] = offset_[k] - 0.5 * q[i / 4][i % 4];
   }
 }
 
@@ -134,39 +170,49 @@ void LabelKernel::draw(const Eigen::Ref<const gmm::RowMatrix>& x, std::int64_t f
                        std::span<double> terms) const {
   const int k_n = static_cast<int>(offset_.size());
   const CounterRng rng(seed, Stream::kGibbsLabels);
-  Eigen::VectorXd logp(k_n), diff(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    log_joint(x, i, logp, diff);
-    double mx = logp[0];
-    for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
-    double total = 0;
-    for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
-    const std::uint64_t row = static_cast<std::uint64_t>(first_row + i);
-    const double u = rng.uniform2(row, static_cast<std::uint32_t>(sweep))[0] * total;
-    int z = k_n - 1;
-    double cdf = 0;
-    for (int k = 0; k < k_n; ++k) {
-      cdf += std::exp(logp[k] - mx);
-      if (u < cdf) {
-        z = k;
-        break;
+  std::vector<double> scratch, group(std::size_t(kGroup) * std::size_t(k_n));
+  for (Eigen::Index i0 = 0; i0 < x.rows(); i0 += kGroup) {
+    const Eigen::Index m = std::min(kGroup, x.rows() - i0);
+    log_joint(x, i0, m, scratch, group.data());
+    for (Eigen::Index g = 0; g < m; ++g) {
+      const double* logp = group.data() + g * k_n;
+      const Eigen::Index i = i0 + g;
+      double mx = logp[0];
+      for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
+      double total = 0;
+      for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
+      const std::uint64_t row = static_cast<std::uint64_t>(first_row + i);
+      const double u = rng.uniform2(row, static_cast<std::uint32_t>(sweep))[0] * total;
+      int z = k_n - 1;
+      double cdf = 0;
+      for (int k = 0; k < k_n; ++k) {
+        cdf += std::exp(logp[k] - mx);
+        if (u < cdf) {
+          z = k;
+          break;
+        }
       }
+      labels[static_cast<std::size_t>(i)] = z;
+      terms[static_cast<std::size_t>(i)] = logp[z];
     }
-    labels[static_cast<std::size_t>(i)] = z;
-    terms[static_cast<std::size_t>(i)] = logp[z];
   }
 }
 
 void LabelKernel::log_density(const Eigen::Ref<const gmm::RowMatrix>& x,
                               std::span<double> out) const {
   const int k_n = static_cast<int>(offset_.size());
-  Eigen::VectorXd logp(k_n), diff(x.cols());
-  for (Eigen::Index i = 0; i < x.rows(); ++i) {
-    log_joint(x, i, logp, diff);
-    const double mx = logp.maxCoeff();
-    double total = 0;
-    for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
-    out[static_cast<std::size_t>(i)] = mx + std::log(total);
+  std::vector<double> scratch, group(std::size_t(kGroup) * std::size_t(k_n));
+  for (Eigen::Index i0 = 0; i0 < x.rows(); i0 += kGroup) {
+    const Eigen::Index m = std::min(kGroup, x.rows() - i0);
+    log_joint(x, i0, m, scratch, group.data());
+    for (Eigen::Index g = 0; g < m; ++g) {
+      const double* logp = group.data() + g * k_n;
+      double mx = logp[0];
+      for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
+      double total = 0;
+      for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
+      out[static_cast<std::size_t>(i0 + g)] = mx + std::log(total);
+    }
   }
 }
 

@@ -55,9 +55,11 @@ class LabelKernel {
   void log_density(const Eigen::Ref<const gmm::RowMatrix>& x, std::span<double> out) const;
 
  private:
-  // logp[k] = log(pi_k N(x_i | mu_k, Lambda_k^-1)).
-  void log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i, Eigen::VectorXd& logp,
-                 Eigen::VectorXd& diff) const;
+  // logp[i K + k] = log(pi_k N(x_i | mu_k, Lambda_k^-1)) for the rows i < m <= kGroup of x from
+  // row i0; scratch is reused between calls.
+  static constexpr Eigen::Index kGroup = 16;
+  void log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i0, Eigen::Index m,
+                 std::vector<double>& scratch, double* logp) const;
   const Params& p_;
   bool diag_;
   std::vector<Eigen::MatrixXd> chol_;
