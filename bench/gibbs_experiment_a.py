@@ -22,6 +22,7 @@ import sys
 
 import h5py
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.optimize import linear_sum_assignment
 
 K, N, SWEEPS, BURN = 3, 1500, 200, 50
@@ -91,26 +92,25 @@ def main():
     print("held-out average log density: Gibbs plug-in %.4f +- %.4f (the mean over %d sweeps of "
           "each draw's density; batch-means se), Gibbs posterior predictive %.4f (log of the "
           "density averaged over the draws), CAVI %.4f"
-          % (held.mean(), batch_se(held), len(held), predictive(p, x[N:]), c_held))
+          % (held.mean(), batch_se(held), len(held), posterior_predictive(p("chain.h5"), x[N:]), c_held))
 
 
-def predictive(p, xt):
-    """The chain's posterior predictive density of the held-out rows, (1/T) sum_t p(x | theta_t)
-    over the recorded draws, as the average over rows of its log."""
-    with h5py.File(p("chain.h5"), "r") as f:
+def posterior_predictive(chain, xt):
+    """A blocked chain's posterior predictive density of the rows xt, (1/T) sum_t p(x | theta_t)
+    over its recorded draws (draws/weights, means, covariances), as the average over rows of its
+    log (log-sum-exp over components and over draws)."""
+    with h5py.File(chain, "r") as f:
         w, m, c = f["draws/weights"][()], f["draws/means"][()], f["draws/covariances"][()]
     logp = np.empty((len(w), len(xt)))
     for t in range(len(w)):
         comp = []
         for k in range(w.shape[1]):
-            d = xt - m[t, k]
             chol = np.linalg.cholesky(c[t, k])
-            z = np.linalg.solve(chol, d.T)
+            z = solve_triangular(chol, (xt - m[t, k]).T, lower=True)
             comp.append(np.log(w[t, k]) - 0.5 * (z**2).sum(0) - np.log(np.diag(chol)).sum()
                         - 0.5 * xt.shape[1] * np.log(2 * np.pi))
         logp[t] = np.logaddexp.reduce(np.array(comp), axis=0)
     return float(np.mean(np.logaddexp.reduce(logp, axis=0) - np.log(len(w))))
-
 
 if __name__ == "__main__":
     main()
