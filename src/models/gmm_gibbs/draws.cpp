@@ -165,55 +165,51 @@ void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::In
   }
 }
 
+template <class Row>
+void LabelKernel::for_rows(const Eigen::Ref<const gmm::RowMatrix>& x, Row&& row) const {
+  const int k_n = static_cast<int>(offset_.size());
+  std::vector<double> scratch, group(std::size_t(kGroup) * std::size_t(k_n));
+  for (Eigen::Index i0 = 0; i0 < x.rows(); i0 += kGroup) {
+    const Eigen::Index m = std::min(kGroup, x.rows() - i0);
+    log_joint(x, i0, m, scratch, group.data());
+    for (Eigen::Index g = 0; g < m; ++g) {
+      const double* logp = group.data() + g * k_n;
+      double mx = logp[0];
+      for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
+      double total = 0;
+      for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
+      row(i0 + g, logp, mx, total);
+    }
+  }
+}
+
 void LabelKernel::draw(const Eigen::Ref<const gmm::RowMatrix>& x, std::int64_t first_row,
                        std::uint64_t seed, std::uint64_t sweep, std::span<std::int64_t> labels,
                        std::span<double> terms) const {
   const int k_n = static_cast<int>(offset_.size());
   const CounterRng rng(seed, Stream::kGibbsLabels);
-  std::vector<double> scratch, group(std::size_t(kGroup) * std::size_t(k_n));
-  for (Eigen::Index i0 = 0; i0 < x.rows(); i0 += kGroup) {
-    const Eigen::Index m = std::min(kGroup, x.rows() - i0);
-    log_joint(x, i0, m, scratch, group.data());
-    for (Eigen::Index g = 0; g < m; ++g) {
-      const double* logp = group.data() + g * k_n;
-      const Eigen::Index i = i0 + g;
-      double mx = logp[0];
-      for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
-      double total = 0;
-      for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
-      const std::uint64_t row = static_cast<std::uint64_t>(first_row + i);
-      const double u = rng.uniform2(row, static_cast<std::uint32_t>(sweep))[0] * total;
-      int z = k_n - 1;
-      double cdf = 0;
-      for (int k = 0; k < k_n; ++k) {
-        cdf += std::exp(logp[k] - mx);
-        if (u < cdf) {
-          z = k;
-          break;
-        }
+  for_rows(x, [&](Eigen::Index i, const double* logp, double mx, double total) {
+    const std::uint64_t row = static_cast<std::uint64_t>(first_row + i);
+    const double u = rng.uniform2(row, static_cast<std::uint32_t>(sweep))[0] * total;
+    int z = k_n - 1;
+    double cdf = 0;
+    for (int k = 0; k < k_n; ++k) {
+      cdf += std::exp(logp[k] - mx);
+      if (u < cdf) {
+        z = k;
+        break;
       }
-      labels[static_cast<std::size_t>(i)] = z;
-      terms[static_cast<std::size_t>(i)] = logp[z];
     }
-  }
+    labels[static_cast<std::size_t>(i)] = z;
+    terms[static_cast<std::size_t>(i)] = logp[z];
+  });
 }
 
 void LabelKernel::log_density(const Eigen::Ref<const gmm::RowMatrix>& x,
                               std::span<double> out) const {
-  const int k_n = static_cast<int>(offset_.size());
-  std::vector<double> scratch, group(std::size_t(kGroup) * std::size_t(k_n));
-  for (Eigen::Index i0 = 0; i0 < x.rows(); i0 += kGroup) {
-    const Eigen::Index m = std::min(kGroup, x.rows() - i0);
-    log_joint(x, i0, m, scratch, group.data());
-    for (Eigen::Index g = 0; g < m; ++g) {
-      const double* logp = group.data() + g * k_n;
-      double mx = logp[0];
-      for (int k = 1; k < k_n; ++k) mx = std::max(mx, logp[k]);
-      double total = 0;
-      for (int k = 0; k < k_n; ++k) total += std::exp(logp[k] - mx);
-      out[static_cast<std::size_t>(i0 + g)] = mx + std::log(total);
-    }
-  }
+  for_rows(x, [&](Eigen::Index i, const double*, double mx, double total) {
+    out[static_cast<std::size_t>(i)] = mx + std::log(total);
+  });
 }
 
 void draw_labels(const Params& p, gmm::Covariance cov, const gmm::RowMatrix& x,

@@ -60,6 +60,10 @@ class LabelKernel {
   static constexpr Eigen::Index kGroup = 16;
   void log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::Index i0, Eigen::Index m,
                  std::vector<double>& scratch, double* logp) const;
+  // Calls row(i, logp, mx, total) for every row i of x, with logp its K terms above, mx their
+  // maximum and total = sum_k exp(logp_k - mx).
+  template <class Row>
+  void for_rows(const Eigen::Ref<const gmm::RowMatrix>& x, Row&& row) const;
   const Params& p_;
   bool diag_;
   std::vector<Eigen::MatrixXd> chol_;
