@@ -195,7 +195,8 @@ def main():
 
     print(f"\nload average at end: {os.getloadavg()}")
     print(f"\nprior N(0, {args.prior_scale:g}^2) on every weight and intercept; caviar: reparam, "
-          f"S = {args.samples}, batch {args.batch_size}, Adam lr {args.lr}, {args.max_iter} steps, "
+          f"S = {args.samples}, batch {args.batch_size}, {args.optimizer} lr {args.lr}, "
+          f"{args.max_iter} steps, "
           f"{args.pred_samples} predictive draws; 1 thread\n")
     print("| method | test accuracy | test mean log predictive density | fit seconds |")
     print("|---|---|---|---|")

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/partition.hpp"
+#include "core/vec4.hpp"
 #include "math/special.hpp"
 
 namespace caviar::gmm {
@@ -224,15 +225,6 @@ void build_features_t(const RowMatrix& xt, Covariance cov, RowMatrix& f) {
   } else {
     f.bottomRows(d) = xt.cwiseAbs2();
   }
-}
-
-// Four doubles, as GCC's generic vector (one AVX register; two SSE registers elsewhere).
-using Vec4 = double __attribute__((vector_size(32)));
-
-inline Vec4 load4(const double* p) {
-  Vec4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
 }
 
 // The same features point-major, F (n x (1 + D + D(D+1)/2) used of kFeaturePad more columns),

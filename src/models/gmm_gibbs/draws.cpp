@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numbers>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/vec4.hpp"
 
 namespace caviar::gmm_gibbs {
 namespace {
@@ -130,20 +130,14 @@ void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::In
   // across rows, so each row's sums are the same operations in the same order as one row alone
   // (the bits do not depend on the grouping), while the D^2 / 2 multiply-adds of a row and
   // component, a chain of dependent adds for one row, become kGroup / 4 independent chains.
-  using Vec4 = double __attribute__((vector_size(32)));
   constexpr int kVecs = kGroup / 4;
   static_assert(kGroup % 4 == 0);
-  const std::size_t per_dim = kVecs * 4;
+  constexpr std::size_t per_dim = kGroup;  // the scratch rows' length
   scratch.assign(2 * std::size_t(d) * per_dim, 0.0);
   double* xt = scratch.data();  // xt[r][row]: the group's rows transposed (unused rows zero)
   double* dt = xt + std::size_t(d) * per_dim;  // dt[r][row] = x_row,r - mu_k,r
   for (Eigen::Index i = 0; i < m; ++i)
     for (int r = 0; r < d; ++r) xt[std::size_t(r) * per_dim + std::size_t(i)] = x(i0 + i, r);
-  const auto load = [](const double* p) {
-    Vec4 v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-  };
   for (int k = 0; k < k_n; ++k) {
     for (int r = 0; r < d; ++r)
       for (std::size_t c = 0; c < per_dim; ++c)
@@ -156,7 +150,7 @@ void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::In
         const Vec4 lr = Vec4{} + l[std::size_t(j) * std::size_t(d) + std::size_t(r)];
         const double* row = dt + std::size_t(r) * per_dim;
 #pragma GCC unroll 4
-        for (int c = 0; c < kVecs; ++c) v[c] += lr * load(row + 4 * c);
+        for (int c = 0; c < kVecs; ++c) v[c] += lr * load4(row + 4 * c);
       }
 #pragma GCC unroll 4
       for (int c = 0; c < kVecs; ++c) q[c] += v[c] * v[c];
