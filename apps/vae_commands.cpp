@@ -14,7 +14,7 @@ namespace caviar::app {
 namespace {
 
 // "512,256" -> {512, 256}
-std::vector<int> parse_widths(const std::string& s) {
+std::vector<int> parse_widths(const std::string& s, const std::string& flag) {
   std::vector<int> out;
   std::stringstream ss(s);
   std::string item;
@@ -27,11 +27,11 @@ std::vector<int> parse_widths(const std::string& s) {
       used = 0;
     }
     if (used == 0 || used != item.size())
-      throw Error("--hidden must be a comma-separated list of widths, e.g. 512,256 (got '" + s +
+      throw Error(flag + " must be a comma-separated list of counts, e.g. 512,256 (got '" + s +
                   "')");
     out.push_back(v);
   }
-  if (out.empty()) throw Error("--hidden needs at least one width");
+  if (out.empty()) throw Error(flag + " needs at least one count");
   return out;
 }
 
@@ -46,8 +46,21 @@ void add_train_command(CLI::App* vae, Context& ctx) {
   train->add_option("--data", o->data, "Training data FILE.h5[:/path] (default path /X), N x D")
       ->required();
   train->add_option("--test", o->test, "Held-out FILE.h5[:/path], evaluated each epoch");
-  train->add_option("--hidden", *hidden, "Hidden widths, comma-separated (e.g. 512,256)")
+  auto channels = std::make_shared<std::string>("32,64");
+  train
+      ->add_option("--arch", o->arch,
+                   "mlp | conv (stride-2 4x4 convolutions, ReLU and batch norm; a mirrored "
+                   "decoder of transposed convolutions)")
+      ->check(CLI::IsMember({"mlp", "conv"}))
       ->capture_default_str();
+  train->add_option("--hidden", *hidden, "Hidden widths, comma-separated (e.g. 512,256; mlp)")
+      ->capture_default_str();
+  train
+      ->add_option("--channels", *channels,
+                   "Output channels of the stride-2 convolutions, comma-separated (conv)")
+      ->capture_default_str();
+  train->add_option("--image", o->image,
+                    "Image shape CxHxW of a row (conv; default 1 x s x s for s^2 columns)");
   train->add_option("--latent", o->latent, "Latent dimension Z")->capture_default_str();
   train->add_option("--max-iter", o->epochs, "Epochs (total, including resumed ones)")
       ->capture_default_str();
@@ -80,13 +93,16 @@ void add_train_command(CLI::App* vae, Context& ctx) {
   engine::add_checkpoint_options(train, o->checkpoint, o->checkpoint_every, o->resume,
                                  "epochs; a time is taken at the next step boundary",
                                  "with --checkpoint, 1: every epoch's end");
-  train->callback([&ctx, o, hidden] {
+  train->callback([&ctx, o, hidden, channels] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    ctx.action = [&ctx, o, hidden] {
-      o->hidden = parse_widths(*hidden);
+    ctx.action = [&ctx, o, hidden, channels] {
+      o->hidden = parse_widths(*hidden, "--hidden");
+      o->channels = parse_widths(*channels, "--channels");
       o->command = ctx.command_line;
       o->version = CAVIAR_VERSION;
-      print_progress(ctx, "caviar vae train: " + o->data + ", hidden " + *hidden + ", latent " +
+      const std::string net =
+          o->arch == "conv" ? "conv, channels " + *channels : "hidden " + *hidden;
+      print_progress(ctx, "caviar vae train: " + o->data + ", " + net + ", latent " +
                               std::to_string(o->latent) + ", batch " +
                               std::to_string(o->batch_size) + ", " +
                               std::to_string(ctx.comm->size()) + " ranks x " +

@@ -13,8 +13,8 @@ GradientBuffers::GradientBuffers(const Comm& comm, std::int64_t n_params, const 
     : np(n_params),
       // Micro-blocks of m rows: their number and layout depend on the batch size only.
       m_rows((s.batch_size + s.micro_blocks - 1) / s.micro_blocks),
-      max_blocks((s.batch_size + m_rows - 1) / m_rows) {
-  const std::int64_t max_local = (max_blocks + comm.size() - 1) / comm.size();
+      max_blocks((s.batch_size + m_rows - 1) / m_rows),
+      max_local((max_blocks + comm.size() - 1) / comm.size()) {
   // np is a multiple of the model's alignment, so every slot is aligned like the parameters.
   grads.resize(static_cast<std::size_t>(max_local * np));
   g.resize(static_cast<std::size_t>(np));

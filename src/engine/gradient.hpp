@@ -71,6 +71,24 @@ concept GradientModel = requires(M& m, const M& cm, typename M::Workspace& ws,
   m.load(r);
 };
 
+// A model whose rows are not independent within a minibatch, such as a network with batch
+// normalisation (Ioffe & Szegedy 2015), whose layers normalise with the statistics of the whole
+// global minibatch. Its pass over a block runs in stages 0 .. reductions(): stage k < reductions()
+// writes the block's partial sums (reduction_size(k) values) to `local`; the driver gathers every
+// block's (in block order, from every rank), and model.combine() turns them into the values that
+// stage k + 1 of every block starts from. The last stage writes the gradient and returns the
+// objective, as block() does. With reductions() == 0 the driver calls block() instead.
+template <class M>
+concept StagedGradientModel = GradientModel<M> &&
+    requires(M& m, const M& cm, typename M::Workspace& ws, std::span<const std::int64_t> rows,
+             std::int64_t step, float* g, std::span<const double> in, std::span<double> out,
+             std::vector<double>& combined) {
+  { cm.reductions() } -> std::convertible_to<int>;
+  { cm.reduction_size(0) } -> std::convertible_to<std::size_t>;
+  { cm.stage(ws, 0, rows, step, in, out, g) } -> std::convertible_to<double>;
+  m.combine(0, in, step, combined);
+};
+
 struct GradientSchedule {
   std::int64_t batch_size = 100;       // rows per global minibatch
   std::int64_t micro_blocks = 4;       // blocks per minibatch: a thread's unit of work
@@ -91,7 +109,7 @@ namespace detail {
 // The gradient and objective buffers of the local micro-blocks, and the reduction's.
 struct GradientBuffers {
   GradientBuffers(const Comm& comm, std::int64_t n_params, const GradientSchedule& s);
-  std::int64_t np, m_rows, max_blocks;
+  std::int64_t np, m_rows, max_blocks, max_local;
   Params grads, g, gg;  // one slot of np per local block; the step's gradient; the global term's
   std::vector<double> block_f, block_max, dacc;
   std::vector<std::int64_t> iacc;
@@ -127,26 +145,12 @@ struct GradientTimes {
   double local = 0, reduce = 0, update = 0;
 };
 
+// The step's exact reduction of the blocks' gradients and objectives, and the update.
 template <GradientModel M>
-double gradient_step(M& model, Optimizer& opt, GradientBuffers& buf,
-                     std::vector<typename M::Workspace>& ws, const GradientRun& run,
-                     const std::vector<std::int64_t>& order, int epoch, std::int64_t st,
-                     GradientTimes& times) {
+double finish_step(M& model, Optimizer& opt, GradientBuffers& buf, const GradientRun& run,
+                   const StepBlocks& s, int epoch, std::int64_t st, GradientTimes& times) {
   const Comm& comm = *run.comm;
   const GradientSchedule& sc = run.schedule;
-  const StepBlocks s = step_blocks(comm, run.global_rows, sc.batch_size, buf.m_rows, st);
-  const std::int64_t t = opt.steps();
-  const Stopwatch local;
-  parallel_blocks(
-      s.lb1 - s.lb0, 1, static_cast<int>(ws.size()), [&](int th, std::int64_t lb, std::int64_t) {
-        const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
-        const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
-        float* gb = buf.grads.data() + lb * buf.np;
-        const std::span<const std::int64_t> rows(order.data() + r0, static_cast<std::size_t>(rn));
-        buf.block_f[lb] = model.block(ws[th], rows, t, gb);
-        buf.block_max[lb] = max_abs(gb, buf.np);
-      });
-  times.local += local.seconds();
   const Stopwatch reduce;
   const double f = reduce_blocks(comm, buf, s, sc.exact, epoch, st);
   times.reduce += reduce.seconds();
@@ -159,6 +163,68 @@ double gradient_step(M& model, Optimizer& opt, GradientBuffers& buf,
   apply_step(opt, buf, s, sc.exact, model.params().data(), global_scale);
   times.update += update.seconds();
   return f;
+}
+
+// The local blocks of a staged model: one workspace per local block, which keeps the block's
+// pass between stages. Each reduction gathers every block's partial sums in block order (ranks
+// hold contiguous runs of blocks), so the combined values do not depend on the rank count.
+template <GradientModel M>
+void staged_blocks(M& model, const Comm& comm, GradientBuffers& buf,
+                   std::vector<typename M::Workspace>& ws, const std::vector<std::int64_t>& order,
+                   const StepBlocks& s, std::int64_t t) {
+  const std::int64_t n_local = s.lb1 - s.lb0;
+  const int n_red = model.reductions();
+  std::vector<double> local, combined;
+  for (int k = 0; k <= n_red; ++k) {
+    const std::size_t m = k < n_red ? model.reduction_size(k) : 0;
+    local.assign(static_cast<std::size_t>(n_local) * m, 0.0);
+    parallel_blocks(n_local, 1, max_threads(), [&](int, std::int64_t lb, std::int64_t) {
+      const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
+      const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
+      float* gb = buf.grads.data() + lb * buf.np;
+      const std::span<const std::int64_t> rows(order.data() + r0, static_cast<std::size_t>(rn));
+      const double f = model.stage(ws[static_cast<std::size_t>(lb)], k, rows, t, combined,
+                                   std::span<double>(local.data() + lb * m, m), gb);
+      if (k == n_red) {
+        buf.block_f[lb] = f;
+        buf.block_max[lb] = max_abs(gb, buf.np);
+      }
+    });
+    if (k < n_red) {
+      const std::vector<double> all = comm.allgatherv(local);
+      model.combine(k, all, s.n_blocks, combined);
+    }
+  }
+}
+
+template <GradientModel M>
+double gradient_step(M& model, Optimizer& opt, GradientBuffers& buf,
+                     std::vector<typename M::Workspace>& ws, const GradientRun& run,
+                     const std::vector<std::int64_t>& order, int epoch, std::int64_t st,
+                     GradientTimes& times) {
+  const Comm& comm = *run.comm;
+  const GradientSchedule& sc = run.schedule;
+  const StepBlocks s = step_blocks(comm, run.global_rows, sc.batch_size, buf.m_rows, st);
+  const std::int64_t t = opt.steps();
+  const Stopwatch local;
+  if constexpr (StagedGradientModel<M>) {
+    if (model.reductions() > 0) {
+      staged_blocks(model, comm, buf, ws, order, s, t);
+      times.local += local.seconds();
+      return finish_step(model, opt, buf, run, s, epoch, st, times);
+    }
+  }
+  parallel_blocks(
+      s.lb1 - s.lb0, 1, static_cast<int>(ws.size()), [&](int th, std::int64_t lb, std::int64_t) {
+        const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
+        const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
+        float* gb = buf.grads.data() + lb * buf.np;
+        const std::span<const std::int64_t> rows(order.data() + r0, static_cast<std::size_t>(rn));
+        buf.block_f[lb] = model.block(ws[th], rows, t, gb);
+        buf.block_max[lb] = max_abs(gb, buf.np);
+      });
+  times.local += local.seconds();
+  return finish_step(model, opt, buf, run, s, epoch, st, times);
 }
 
 }  // namespace detail
@@ -183,7 +249,11 @@ RunResult fit_gradient(M& model, const GradientRun& run) {
   FitClock clock(ck.elapsed());
   detail::GradientBuffers buf(comm, static_cast<std::int64_t>(model.params().size()), sc);
   std::vector<typename M::Workspace> ws;
-  for (int t = 0; t < max_threads(); ++t) ws.push_back(model.make_workspace());
+  // One per thread; a staged model keeps a block's pass between stages, so one per local block.
+  std::int64_t n_ws = max_threads();
+  if constexpr (StagedGradientModel<M>)
+    if (model.reductions() > 0) n_ws = std::max(n_ws, buf.max_local);
+  for (std::int64_t t = 0; t < n_ws; ++t) ws.push_back(model.make_workspace());
   detail::GradientTimes times;
   // Before step st of epoch `epoch` (1-based), with epoch - 1 epochs done.
   const auto boundary = [&](int epoch, std::int64_t st) {

@@ -1,5 +1,6 @@
 #include "inference/vae_driver.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -103,11 +104,12 @@ FloatShard load_float_shard(const Comm& comm, const std::string& spec, Likelihoo
 // Sum of the ELBO over the rows of a rank's shard, in fixed 256-row blocks whose sums are
 // combined in block order: the same total at any rank or thread count.
 double evaluate_elbo(const Comm& comm, const Layout& layout, const float* params,
-                     const FloatShard& s, int samples, std::uint64_t seed) {
+                     const double* running, const FloatShard& s, int samples, std::uint64_t seed) {
   const std::int64_t n_blocks_total = (s.shape.rows + kBlockRows - 1) / kBlockRows;
   std::vector<double> block_sums(static_cast<std::size_t>(n_blocks_total), 0.0);
   const int threads = max_threads();
-  std::vector<Network<float>> nets(static_cast<std::size_t>(threads), Network<float>(layout));
+  std::vector<Network<float>> nets(static_cast<std::size_t>(threads),
+                                   Network<float>(layout, running));
   std::vector<Mat<float>> xs(threads), eps(threads);
   parallel_blocks(s.range.size(), kBlockRows, threads, [&](int t, std::int64_t b, std::int64_t e) {
     const std::int64_t n = e - b;
@@ -134,9 +136,22 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io:
   ckpt::Fingerprint fp("vae");
   fp.add("layout", std::string("engine"), "the checkpoint layout");
   ckpt::add_data(fp, comm, "--data", ref, shape);
-  std::string hidden;
-  for (int h : o.hidden) hidden += (hidden.empty() ? "" : ",") + std::to_string(h);
-  fp.add("hidden", hidden, "--hidden");
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (int h : v) {
+      if (!out.empty()) out += ',';
+      out += std::to_string(h);
+    }
+    return out;
+  };
+  // The architecture; a convolutional one's only for conv runs, so that the checkpoints of MLP
+  // runs stay resumable.
+  if (o.arch == "conv") {
+    fp.add("arch", o.arch, "--arch");
+    fp.add("channels", list(o.channels), "--channels");
+  } else {
+    fp.add("hidden", list(o.hidden), "--hidden");
+  }
   fp.add("latent", static_cast<std::int64_t>(o.latent), "--latent");
   fp.add("likelihood", o.likelihood, "--likelihood");
   // Only for a full posterior, so that the checkpoints of diagonal runs stay resumable.
@@ -151,8 +166,16 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io:
 }
 
 void write_architecture(io::FileWriter& w, const Architecture& a) {
-  std::vector<std::int64_t> h(a.hidden.begin(), a.hidden.end());
-  w.write("architecture/hidden", h, {h.size()});
+  if (a.conv()) {
+    std::vector<std::int64_t> c(a.channels.begin(), a.channels.end());
+    w.write("architecture/channels", c, {c.size()});
+    std::vector<std::int64_t> image{a.image_channels, a.height, a.width};
+    w.write("architecture/image", image, {3});
+    w.attr("arch", std::string("conv"));
+  } else {
+    std::vector<std::int64_t> h(a.hidden.begin(), a.hidden.end());
+    w.write("architecture/hidden", h, {h.size()});
+  }
   w.attr("model", std::string("vae"));
   w.attr("input_dim", static_cast<std::int64_t>(a.input_dim));
   w.attr("latent", static_cast<std::int64_t>(a.latent));
@@ -163,17 +186,82 @@ void write_architecture(io::FileWriter& w, const Architecture& a) {
 }
 
 Architecture read_architecture(const io::FileReader& r, const std::string& file) {
-  if (!r.has("/architecture/hidden"))
+  const bool conv = r.has("/architecture/channels");
+  if (!r.has("/architecture/hidden") && !conv)
     throw Error("'" + file + "' is not a caviar VAE model or checkpoint (no /architecture)");
   Architecture a;
   const std::string bad = "'" + file + "': ";
-  for (double h : r.read("/architecture/hidden"))
-    a.hidden.push_back(static_cast<int>(checked_int(h, 1, INT_MAX, bad + "a hidden width")));
+  if (conv) {
+    for (double c : r.read("/architecture/channels"))
+      a.channels.push_back(static_cast<int>(checked_int(c, 1, 1 << 16, bad + "a channel count")));
+    const std::vector<double> image = r.read("/architecture/image");
+    if (image.size() != 3 || a.channels.empty())
+      throw Error(bad + "/architecture/image must hold C, H, W");
+    a.image_channels = static_cast<int>(checked_int(image[0], 1, 1 << 16, bad + "image channels"));
+    a.height = static_cast<int>(checked_int(image[1], 1, 1 << 16, bad + "image height"));
+    a.width = static_cast<int>(checked_int(image[2], 1, 1 << 16, bad + "image width"));
+  } else {
+    for (double h : r.read("/architecture/hidden"))
+      a.hidden.push_back(static_cast<int>(checked_int(h, 1, INT_MAX, bad + "a hidden width")));
+  }
   a.input_dim = static_cast<int>(ckpt::read_int(r, "input_dim", 1, INT_MAX, bad));
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
   if (r.has_attr("posterior")) a.posterior = parse_posterior(r.read_string_attr("posterior"));
   return a;
+}
+
+// Convolutions as name/W in PyTorch's weight shape ((out, in, k, k) for Conv2d, (in, out, k, k)
+// for ConvTranspose2d: both are our row-major out_channels x patch of the convolution `shape`)
+// and name/b; batch norms as name/gamma, beta, running_mean, running_var.
+void write_conv_parameters(io::FileWriter& w, const Layout& layout, const float* p,
+                           const std::vector<double>& running) {
+  auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
+  for (const auto* convs : {&layout.conv_encoder, &layout.conv_decoder})
+    for (const ConvLayer& c : *convs) {
+      const ConvShape& s = c.shape;
+      w.write(c.name + "/W", std::vector<double>(p + c.w, p + c.w + s.weights()),
+              {u(s.out_channels), u(s.in_channels), u(s.kernel), u(s.kernel)});
+      w.write(c.name + "/b", std::vector<double>(p + c.b, p + c.b + c.out_channels()),
+              {u(c.out_channels())});
+    }
+  for (const BatchNormLayer& b : layout.batch_norm) {
+    const std::uint64_t n = u(b.channels);
+    w.write(b.name + "/gamma", std::vector<double>(p + b.gamma, p + b.gamma + b.channels), {n});
+    w.write(b.name + "/beta", std::vector<double>(p + b.beta, p + b.beta + b.channels), {n});
+    const double* r = running.data() + b.running;
+    w.write(b.name + "/running_mean", std::vector<double>(r, r + b.channels), {n});
+    w.write(b.name + "/running_var", std::vector<double>(r + b.channels, r + 2 * b.channels), {n});
+  }
+}
+
+// Reads what write_conv_parameters wrote, checking every shape.
+void read_conv_parameters(const io::FileReader& r, const std::string& file, const Layout& layout,
+                          float* p, std::vector<double>& running) {
+  auto read = [&](const std::string& name, std::int64_t size, float* to, double* to_d) {
+    const std::vector<double> v = r.read(name);
+    if (static_cast<std::int64_t>(v.size()) != size)
+      throw Error("'" + file + "': " + name + " has the wrong shape for its architecture");
+    for (std::int64_t i = 0; i < size; ++i) {
+      if (to) to[i] = static_cast<float>(v[i]);
+      if (to_d) to_d[i] = v[i];
+    }
+  };
+  for (const auto* convs : {&layout.conv_encoder, &layout.conv_decoder})
+    for (const ConvLayer& c : *convs) {
+      read(c.name + "/W", c.shape.weights(), p + c.w, nullptr);
+      read(c.name + "/b", c.out_channels(), p + c.b, nullptr);
+    }
+  running.assign(static_cast<std::size_t>(layout.n_running), 0.0);
+  for (const BatchNormLayer& b : layout.batch_norm) {
+    read(b.name + "/gamma", b.channels, p + b.gamma, nullptr);
+    read(b.name + "/beta", b.channels, p + b.beta, nullptr);
+    read(b.name + "/running_mean", b.channels, nullptr, running.data() + b.running);
+    read(b.name + "/running_var", b.channels, nullptr, running.data() + b.running + b.channels);
+    for (int c = 0; c < b.channels; ++c)
+      if (!(running[b.running + b.channels + c] >= 0))
+        throw Error("'" + file + "': " + b.name + "/running_var has a negative or NaN entry");
+  }
 }
 
 void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
@@ -196,6 +284,7 @@ void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
                 {static_cast<std::uint64_t>(rows)});
       }
     }
+    write_conv_parameters(w, layout, res.params.data(), res.running);
     w.write("trace/train_elbo", res.train_trace, {res.train_trace.size()});
     w.write("trace/test_elbo", res.test_trace, {res.test_trace.size()});
     w.attr("train_elbo", res.train_elbo);
@@ -235,8 +324,50 @@ void validate(const TrainOptions& o, std::int64_t n) {
     throw Error("--reduction must be exact or fast");
 }
 
+// The image shape of --image "CxHxW", or 1 x s x s for s^2 columns.
+std::array<int, 3> image_shape(const std::string& spec, std::int64_t columns) {
+  std::array<int, 3> v{};
+  if (spec.empty()) {
+    const auto s = static_cast<std::int64_t>(std::llround(std::sqrt(static_cast<double>(columns))));
+    if (s * s != columns)
+      throw Error("--arch conv: the data's " + std::to_string(columns) +
+                  " columns are not a square image; give --image CxHxW");
+    return {1, static_cast<int>(s), static_cast<int>(s)};
+  }
+  int used = 0;
+  if (std::sscanf(spec.c_str(), "%dx%dx%d%n", &v[0], &v[1], &v[2], &used) != 3 ||
+      used != static_cast<int>(spec.size()) || v[0] < 1 || v[1] < 1 || v[2] < 1)
+    throw Error("--image must be CxHxW with positive sizes, e.g. 1x28x28 (got '" + spec + "')");
+  if (static_cast<std::int64_t>(v[0]) * v[1] * v[2] != columns)
+    throw Error("--image " + spec + " has " +
+                std::to_string(static_cast<std::int64_t>(v[0]) * v[1] * v[2]) +
+                " values; the data has " + std::to_string(columns) + " columns");
+  return v;
+}
+
+Architecture architecture(const TrainOptions& o, std::int64_t columns) {
+  Architecture a{static_cast<int>(columns), o.hidden, o.latent, parse_likelihood(o.likelihood),
+                 parse_posterior(o.posterior)};
+  if (o.arch == "conv") {
+    a.hidden.clear();
+    a.channels = o.channels;
+    const auto img = image_shape(o.image, columns);
+    a.image_channels = img[0];
+    a.height = img[1];
+    a.width = img[2];
+  }
+  return a;
+}
+
 // Cheap argument checks, so that bad flags fail before any file is read.
 void check_architecture(const TrainOptions& o) {
+  if (o.arch != "mlp" && o.arch != "conv")
+    throw Error("unknown --arch '" + o.arch + "' (expected mlp or conv)");
+  if (o.arch == "conv") {
+    if (o.channels.empty()) throw Error("--channels needs at least one count");
+    for (int c : o.channels)
+      if (c < 1) throw Error("--channels counts must be >= 1 (got " + std::to_string(c) + ")");
+  }
   parse_likelihood(o.likelihood);
   parse_posterior(o.posterior);
   if (o.latent < 1) throw Error("--latent must be >= 1 (got " + std::to_string(o.latent) + ")");
@@ -318,8 +449,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   const io::DataRef ref = io::DataRef::parse(o.data);
   const io::MatrixShape shape = io::inspect_matrix(comm, ref);
   validate(o, shape.rows);
-  const Layout layout(Architecture{static_cast<int>(shape.cols), o.hidden, o.latent,
-                                   parse_likelihood(o.likelihood), parse_posterior(o.posterior)});
+  const Layout layout(architecture(o, shape.cols));
   const Mat<float> data = load_all_rows(comm, ref, shape, layout.arch.likelihood);
   std::optional<FloatShard> test;
   if (!o.test.empty())
@@ -342,9 +472,9 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   if (test)
     run.heldout = [&] {
       const auto t0 = Clock::now();
-      const double e =
-          evaluate_elbo(comm, layout, model.params().data(), *test, o.samples, o.seed) /
-          static_cast<double>(test->shape.rows);
+      const double e = evaluate_elbo(comm, layout, model.params().data(), model.running().data(),
+                                     *test, o.samples, o.seed) /
+                       static_cast<double>(test->shape.rows);
       eval_seconds += seconds_since(t0);
       return e;
     };
@@ -353,6 +483,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   TrainResult res =
       to_result(r, ck.iteration(), ck.elapsed(), shape.rows, eval_seconds, test.has_value());
   res.params = std::move(model.params());
+  res.running = model.running();
   res.seconds = seconds_since(t_start);
   if (!o.out.empty()) write_model(comm, o, layout, res);
   return res;
@@ -381,7 +512,9 @@ LoadedModel load_model(const Comm& comm, const std::string& file) {
         row0 += rows;
       }
     }
-    model.emplace(LoadedModel{std::move(layout), std::move(p)});
+    std::vector<double> running;
+    read_conv_parameters(r, file, layout, p.data(), running);
+    model.emplace(LoadedModel{std::move(layout), std::move(p), std::move(running)});
   });
   return std::move(*model);
 }
@@ -447,7 +580,7 @@ std::int64_t sample(const Comm& comm, const ImageOptions& o, int n) {
   for (int i = 0; i < n; ++i) ids[i] = i;
   Mat<float> eps, mean;
   fill_noise(eps, ids.data(), n, 1, z, o.seed, kSampleStep);
-  Network<float>(m.layout).decode_mean(m.params.data(), eps, mean);
+  Network<float>(m.layout, m.running.data()).decode_mean(m.params.data(), eps, mean);
   const std::int64_t cols =
       std::min<std::int64_t>(n, static_cast<std::int64_t>(std::ceil(std::sqrt(n))));
   write_images(comm, o, mean, (n + cols - 1) / cols, cols, "samples");
@@ -467,7 +600,7 @@ std::int64_t reconstruct(const Comm& comm, const ImageOptions& o, const std::str
   const io::RowMatrix x = io::read_rows(comm, ref, shape, {0, n});
   comm.raise_if_any(check_values(x, 0, ref, m.layout.arch.likelihood));
   const Mat<float> xf = x.transpose().cast<float>();
-  Network<float> net(m.layout);
+  Network<float> net(m.layout, m.running.data());
   Mat<float> mu, lv, rec;
   net.encode(m.params.data(), xf, mu, lv);
   net.decode_mean(m.params.data(), mu, rec);
@@ -498,7 +631,7 @@ std::int64_t manifold(const Comm& comm, const ImageOptions& o, int grid) {
       z(0, i * grid + j) = static_cast<float>(normal_quantile((j + 0.5) / grid));
       z(1, i * grid + j) = static_cast<float>(normal_quantile((grid - i - 0.5) / grid));
     }
-  Network<float>(m.layout).decode_mean(m.params.data(), z, mean);
+  Network<float>(m.layout, m.running.data()).decode_mean(m.params.data(), z, mean);
   write_images(comm, o, mean, grid, grid, "manifold");
   return static_cast<std::int64_t>(grid) * grid;
 }
@@ -512,7 +645,8 @@ std::int64_t encode(const Comm& comm, const std::string& model, const std::strin
   // Row-major n x Z outputs: column-major Z x n is the same memory.
   Mat<float> mu(z, s.range.size()), lv(z, s.range.size());
   const int threads = max_threads();
-  std::vector<Network<float>> nets(static_cast<std::size_t>(threads), Network<float>(m.layout));
+  std::vector<Network<float>> nets(static_cast<std::size_t>(threads),
+                                   Network<float>(m.layout, m.running.data()));
   std::vector<Mat<float>> xs(threads), mus(threads), lvs(threads);
   parallel_blocks(s.range.size(), kBlockRows, threads, [&](int t, std::int64_t b, std::int64_t e) {
     xs[t] = s.x.middleCols(b, e - b);
@@ -569,7 +703,7 @@ ScoreResult score(const Comm& comm, const ScoreOptions& o) {
   ScoreResult r;
   r.n = s.shape.rows;
   r.importance_samples = o.importance_samples;
-  r.elbo = evaluate_elbo(comm, m.layout, m.params.data(), s, 1, o.seed) /
+  r.elbo = evaluate_elbo(comm, m.layout, m.params.data(), m.running.data(), s, 1, o.seed) /
            static_cast<double>(s.shape.rows);
 
   // Per row, then summed in fixed blocks in block order (as evaluate_elbo): the same total at any
@@ -578,7 +712,8 @@ ScoreResult score(const Comm& comm, const ScoreOptions& o) {
   std::vector<double> block_sums(static_cast<std::size_t>(n_blocks), 0.0);
   std::vector<double> log_px(static_cast<std::size_t>(s.range.size()));
   const int threads = max_threads(), z = m.layout.latent();
-  std::vector<Network<float>> nets(static_cast<std::size_t>(threads), Network<float>(m.layout));
+  std::vector<Network<float>> nets(static_cast<std::size_t>(threads),
+                                   Network<float>(m.layout, m.running.data()));
   std::vector<Mat<float>> xs(threads), eps(threads);
   std::vector<Eigen::MatrixXd> logw(threads);
   std::atomic<std::int64_t> done{0};

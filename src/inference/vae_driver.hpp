@@ -21,9 +21,12 @@
 namespace caviar::vae {
 
 struct TrainOptions {
-  std::string data;  // FILE.h5[:/path], N x D
-  std::string test;  // optional held-out set, evaluated at every epoch end
+  std::string data;          // FILE.h5[:/path], N x D
+  std::string test;          // optional held-out set, evaluated at every epoch end
+  std::string arch = "mlp";  // mlp | conv (Layout: stride-2 convolutions with batch norm)
   std::vector<int> hidden{400};
+  std::vector<int> channels{32, 64};  // conv: output channels of the stride-2 convolutions
+  std::string image;                  // conv: "CxHxW"; "" = 1 x s x s for s^2 columns
   int latent = 20;
   int epochs = 10;
   int batch_size = 100;
@@ -61,6 +64,7 @@ struct TrainResult {
   double compute_seconds = 0, reduce_seconds = 0, update_seconds = 0, eval_seconds = 0;
   std::vector<double> train_trace, test_trace;
   ParamVec params;
+  std::vector<double> running;  // batch norm's running statistics (conv)
 };
 
 using EpochProgress = std::function<void(const EpochReport&)>;
@@ -69,6 +73,7 @@ TrainResult train(const Comm& comm, const TrainOptions& opt, const EpochProgress
 struct LoadedModel {
   Layout layout;
   ParamVec params;
+  std::vector<double> running;  // batch norm's running statistics (conv)
 };
 // Collective: every rank reads the (small) model file written by train.
 LoadedModel load_model(const Comm& comm, const std::string& file);

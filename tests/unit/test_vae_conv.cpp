@@ -1,14 +1,17 @@
 // The convolutional layers and batch normalisation of models/vae/conv.hpp: against a direct
-// loop-nest convolution, adjoint identities, and finite differences (in double).
+// loop-nest convolution, adjoint identities, and finite differences (in double); and the
+// convolutional VAE built from them, trained in stages around batch norm's reductions.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "models/vae/conv.hpp"
+#include "models/vae/vae.hpp"
 #include "vae_fd.hpp"
 
 namespace caviar::vae {
@@ -227,6 +230,178 @@ TEST(VaeBatchNorm, BackwardMatchesFiniteDifferences) {
   expect_gradient(beta, loss, gbeta, 1e-7, "bn dbeta");
   expect_gradient(gamma, loss, ggamma, 1e-7, "bn dgamma");
   expect_gradient(x, loss, to_vec(dx), 1e-6, "bn dx");
+}
+
+// ---- The convolutional VAE as a whole (models/vae/vae.hpp) ----
+
+Architecture conv_architecture(Likelihood lik, Posterior post) {
+  Architecture a;
+  a.input_dim = 64;
+  a.latent = 3;
+  a.likelihood = lik;
+  a.posterior = post;
+  a.channels = {3, 4};  // 8 x 8 -> 4 x 4 -> 2 x 2
+  a.image_channels = 1;
+  a.height = 8;
+  a.width = 8;
+  return a;
+}
+
+// One training pass over the columns of x cut into blocks of the given sizes, run stage by stage
+// as the gradient driver runs it (each block's partial sums gathered in block order, combined,
+// handed to every block's next stage). Returns the sum of the ELBOs; the blocks' gradients are
+// summed into grad if given. forward_stats, if given, receives each forward reduction's combined
+// (count, means, variances).
+double staged_pass(const Layout& layout, const std::vector<double>& p, const MatD& x,
+                   const MatD& eps, int s, const std::vector<int>& blocks,
+                   std::vector<double>* grad, std::vector<std::vector<double>>* forward_stats) {
+  const int n_red = Network<double>::reductions(layout);
+  std::vector<Network<double>> nets(blocks.size(), Network<double>(layout));
+  std::vector<MatD> xs, es;
+  for (std::size_t b = 0, c = 0; b < blocks.size(); c += blocks[b], ++b) {
+    xs.push_back(x.middleCols(c, blocks[b]));
+    es.push_back(eps.middleCols(c * s, blocks[b] * s));
+  }
+  std::vector<std::vector<double>> g(blocks.size(), std::vector<double>(p.size(), 0.0));
+  std::vector<double> combined;
+  double total = 0;
+  for (int k = 0; k <= n_red; ++k) {
+    const std::size_t m = k < n_red ? Network<double>::reduction_size(layout, k) : 0;
+    std::vector<double> all(blocks.size() * m);
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      const double f = nets[b].stage(p.data(), k, xs[b], es[b], s, combined,
+                                     std::span<double>(all.data() + b * m, m), g[b].data());
+      if (k == n_red) total += f;
+    }
+    if (k < n_red) {
+      Network<double>::combine(layout, k, all, static_cast<std::int64_t>(blocks.size()), combined,
+                               nullptr);
+      if (forward_stats && k < n_red / 2) forward_stats->push_back(combined);
+    }
+  }
+  if (grad) {
+    grad->assign(p.size(), 0.0);
+    for (const auto& gb : g)
+      for (std::size_t i = 0; i < p.size(); ++i) (*grad)[i] += gb[i];
+  }
+  return total;
+}
+
+std::vector<double> conv_params(const Layout& layout) {
+  const ParamVec pf = xavier_init(layout, 3);
+  std::vector<double> p(pf.begin(), pf.end());
+  // Batch norm's gamma and beta away from 1 and 0, so that their gradients are exercised.
+  for (const BatchNormLayer& b : layout.batch_norm)
+    for (int c = 0; c < b.channels; ++c) {
+      p[b.gamma + c] = 1 + 0.2 * std::sin(1.0 + c + b.gamma);
+      p[b.beta + c] = 0.1 * std::cos(2.0 + c + b.beta);
+    }
+  return p;
+}
+
+// Every parameter's gradient of L = -sum_i ELBO_i through convolutions, ReLUs, batch norm over the
+// whole minibatch (here cut into two blocks), the head, the samples and the transposed
+// convolutions, against central differences of the same staged pass.
+void check_conv_network(Likelihood lik, Posterior post, int s) {
+  const Layout layout(conv_architecture(lik, post));
+  ASSERT_EQ(layout.batch_norm.size(), 4u);  // two encoder layers, the projection, one decoder
+  std::vector<double> p = conv_params(layout);
+  const int n = 5;
+  const MatD x =
+      lik == Likelihood::kBernoulli ? random_mat(64, n, 21, 0, 1) : random_mat(64, n, 21);
+  const MatD eps = random_mat(layout.latent(), n * s, 22, -1.5, 1.5);
+  const std::vector<int> blocks{2, 3};
+  std::vector<double> g;
+  staged_pass(layout, p, x, eps, s, blocks, &g, nullptr);
+  auto loss = [&] { return -staged_pass(layout, p, x, eps, s, blocks, nullptr, nullptr); };
+  expect_gradient(p, loss, g, 1e-6, "conv network " + to_string(lik));
+}
+
+TEST(VaeConvNetwork, GradientMatchesFiniteDifferencesBernoulli) {
+  check_conv_network(Likelihood::kBernoulli, Posterior::kDiagonal, 2);
+}
+TEST(VaeConvNetwork, GradientMatchesFiniteDifferencesGaussianFullPosterior) {
+  check_conv_network(Likelihood::kGaussian, Posterior::kFull, 1);
+}
+
+// Batch norm normalises with the statistics of the whole minibatch: how it is cut into blocks
+// changes only rounding. Normalising each block with its own statistics (one-block passes) gives
+// a different objective, so the check can fail.
+TEST(VaeConvNetwork, BatchStatisticsDoNotDependOnTheBlocks) {
+  const Layout layout(conv_architecture(Likelihood::kBernoulli, Posterior::kDiagonal));
+  const std::vector<double> p = conv_params(layout);
+  const int n = 7, s = 1;
+  const MatD x = random_mat(64, n, 31, 0, 1);
+  const MatD eps = random_mat(layout.latent(), n, 32);
+  std::vector<double> g1, g3;
+  const double f1 = staged_pass(layout, p, x, eps, s, {7}, &g1, nullptr);
+  const double f3 = staged_pass(layout, p, x, eps, s, {3, 1, 3}, &g3, nullptr);
+  EXPECT_NEAR(f1, f3, 1e-10 * std::abs(f1));
+  for (std::size_t i = 0; i < g1.size(); ++i) EXPECT_NEAR(g1[i], g3[i], 1e-9) << i;
+  const double own =
+      staged_pass(layout, p, x.leftCols(3), eps.leftCols(3), s, {3}, nullptr, nullptr) +
+      staged_pass(layout, p, x.middleCols(3, 1), eps.middleCols(3, 1), s, {1}, nullptr, nullptr) +
+      staged_pass(layout, p, x.rightCols(3), eps.rightCols(3), s, {3}, nullptr, nullptr);
+  EXPECT_GT(std::abs(own - f1), 1e-3);
+}
+
+// Outside training (Network::run with running statistics) batch norm uses the stored means and
+// variances: given the minibatch's own statistics, the evaluation pass gives the training pass's
+// ELBO.
+TEST(VaeConvNetwork, EvaluationWithTheBatchStatisticsMatchesTraining) {
+  const Layout layout(conv_architecture(Likelihood::kGaussian, Posterior::kDiagonal));
+  const std::vector<double> p = conv_params(layout);
+  const int n = 6, s = 2;
+  const MatD x = random_mat(64, n, 41);
+  const MatD eps = random_mat(layout.latent(), n * s, 42);
+  std::vector<std::vector<double>> stats;
+  const double f = staged_pass(layout, p, x, eps, s, {4, 2}, nullptr, &stats);
+  ASSERT_EQ(stats.size(), layout.batch_norm.size());
+  std::vector<double> running(static_cast<std::size_t>(layout.n_running));
+  for (std::size_t b = 0; b < stats.size(); ++b) {
+    const int c = layout.batch_norm[b].channels;
+    for (int ch = 0; ch < 2 * c; ++ch)
+      running[layout.batch_norm[b].running + ch] = stats[b][1 + ch];
+  }
+  Network<double> net(layout, running.data());
+  EXPECT_NEAR(net.run(p.data(), x, eps, s, nullptr), f, 1e-10 * std::abs(f));
+  // With the initial running statistics (means 0, variances 1) it differs.
+  const std::vector<double> init = initial_running(layout);
+  Network<double> fresh(layout, init.data());
+  EXPECT_GT(std::abs(fresh.run(p.data(), x, eps, s, nullptr) - f), 1e-3);
+}
+
+// combine(): the pairwise merge of per-block (count, sum, M2) gives the two-pass mean and biased
+// variance of the whole batch, and folds them into the running averages with momentum 0.1 and
+// the unbiased variance.
+TEST(VaeConvNetwork, CombinedStatisticsAreThoseOfTheWholeBatch) {
+  const Layout layout(conv_architecture(Likelihood::kBernoulli, Posterior::kDiagonal));
+  const BatchNormLayer& b = layout.batch_norm[0];  // 3 channels of 16 positions
+  const MatD a = random_mat(b.channels * b.positions, 5, 51, -2, 3);
+  const std::vector<int> cut{2, 3};
+  std::vector<double> all;
+  for (std::size_t j = 0, c0 = 0; j < cut.size(); c0 += cut[j], ++j) {
+    const MatD part = a.middleCols(c0, cut[j]);
+    const double n = static_cast<double>(cut[j]) * b.positions;
+    const Eigen::VectorXd sum = bn_channel_sums(part, b.channels, b.positions);
+    const Eigen::VectorXd mean = sum / n;
+    const Eigen::VectorXd m2 = bn_channel_sums(part, b.channels, b.positions, &mean);
+    all.push_back(n);
+    for (int c = 0; c < b.channels; ++c) all.push_back(sum[c]);
+    for (int c = 0; c < b.channels; ++c) all.push_back(m2[c]);
+  }
+  std::vector<double> out, running = initial_running(layout);
+  Network<double>::combine(layout, 0, all, 2, out, running.data());
+  const double n = 5.0 * b.positions;
+  EXPECT_EQ(out[0], n);
+  for (int c = 0; c < b.channels; ++c) {
+    const auto v = a.middleRows(c * b.positions, b.positions).array();
+    const double mean = v.sum() / n, var = (v - mean).square().sum() / n;
+    EXPECT_NEAR(out[1 + c], mean, 1e-12);
+    EXPECT_NEAR(out[1 + b.channels + c], var, 1e-12);
+    EXPECT_NEAR(running[b.running + c], 0.1 * mean, 1e-12);
+    EXPECT_NEAR(running[b.running + b.channels + c], 0.9 + 0.1 * var * n / (n - 1), 1e-12);
+  }
 }
 
 }  // namespace

@@ -48,6 +48,81 @@ Layout::Layout(const Architecture& a) : arch(a) {
     n_params = aligned(d.b + d.out);
     where.push_back(std::move(d));
   };
+  if (a.conv()) {
+    if (a.image_channels < 1 || a.height < 1 || a.width < 1 ||
+        static_cast<std::int64_t>(a.image_channels) * a.height * a.width != a.input_dim)
+      throw Error("the convolutional VAE needs images of C x H x W = " +
+                  std::to_string(a.input_dim) + " values");
+    if (!a.hidden.empty()) throw Error("a convolutional VAE has no --hidden layers");
+    auto add_bn = [&](const std::string& name, int channels, int positions) {
+      BatchNormLayer b;
+      b.name = name;
+      b.channels = channels;
+      b.positions = positions;
+      b.gamma = n_params;
+      b.beta = aligned(n_params + channels);
+      n_params = aligned(b.beta + channels);
+      b.running = n_running;
+      n_running += 2 * channels;
+      batch_norm.push_back(b);
+      return static_cast<int>(batch_norm.size()) - 1;
+    };
+    auto add_conv = [&](std::vector<ConvLayer>& where, const std::string& name, ConvShape shape,
+                        bool transposed) {
+      ConvLayer c;
+      c.name = name;
+      c.shape = shape;
+      c.transposed = transposed;
+      c.w = n_params;
+      c.b = aligned(n_params + shape.weights());
+      n_params = aligned(c.b + c.out_channels());
+      where.push_back(c);
+      return &where.back();
+    };
+    // Stride-2 4 x 4 convolutions with padding 1 halve each side (rounding down).
+    std::vector<ConvShape> shapes;
+    int c = a.image_channels, h = a.height, w = a.width;
+    for (std::size_t l = 0; l < a.channels.size(); ++l) {
+      const ConvShape s{c, h, w, a.channels[l], 4, 2, 1};
+      if (a.channels[l] < 1) throw Error("--channels must be >= 1");
+      // The kernel must fit in the padded image (PyTorch's floor division refuses it too).
+      if (h + 2 * s.pad < s.kernel || w + 2 * s.pad < s.kernel)
+        throw Error("--channels has " + std::to_string(a.channels.size()) +
+                    " stride-2 layers, too many for " + std::to_string(a.height) + " x " +
+                    std::to_string(a.width) + " images");
+      shapes.push_back(s);
+      ConvLayer* cl = add_conv(conv_encoder, "encoder/conv" + std::to_string(l), s, false);
+      cl->bn = add_bn("encoder/bn" + std::to_string(l), s.out_channels, s.out_positions());
+      c = s.out_channels;
+      h = s.out_height();
+      w = s.out_width();
+    }
+    const int features = c * h * w;
+    if (a.posterior == Posterior::kFull)
+      add(encoder, {"encoder/mu", "encoder/logvar", "encoder/lower"},
+          {a.latent, a.latent, a.latent * (a.latent - 1) / 2}, features);
+    else
+      add(encoder, {"encoder/mu", "encoder/logvar"}, {a.latent, a.latent}, features);
+    add(decoder, {"decoder/project"}, {features}, a.latent);
+    const int project_bn = add_bn("decoder/bn_project", c, h * w);
+    (void)project_bn;
+    // The mirror: the adjoint of encoder convolution l, for l = L-1 .. 0; the last one gives the
+    // likelihood's parameters (logits, or Gaussian mean and log-variance channels).
+    const int out_channels =
+        a.likelihood == Likelihood::kBernoulli ? a.image_channels : 2 * a.image_channels;
+    for (std::size_t l = shapes.size(); l-- > 0;) {
+      ConvShape s = shapes[l];
+      if (l == 0) s.in_channels = out_channels;
+      const std::size_t j = shapes.size() - 1 - l;
+      ConvLayer* cl = add_conv(conv_decoder, "decoder/deconv" + std::to_string(j), s, true);
+      if (l > 0) {
+        cl->bn = add_bn("decoder/bn" + std::to_string(j), s.in_channels, s.height * s.width);
+      } else {
+        cl->relu = false;
+      }
+    }
+    return;
+  }
   int in = a.input_dim;
   for (std::size_t l = 0; l < a.hidden.size(); ++l) {
     add(encoder, {"encoder/hidden" + std::to_string(l)}, {a.hidden[l]}, in);
@@ -94,7 +169,27 @@ ParamVec xavier_init(const Layout& layout, std::uint64_t seed) {
       }
     }
   }
+  // Convolutions: Xavier with the receptive field in both fans; batch norm: gamma 1, beta 0.
+  for (const auto* convs : {&layout.conv_encoder, &layout.conv_decoder})
+    for (const ConvLayer& c : *convs) {
+      const double k2 = static_cast<double>(c.shape.kernel) * c.shape.kernel;
+      const double a =
+          std::sqrt(6.0 / (k2 * (c.shape.in_channels + static_cast<double>(c.shape.out_channels))));
+      for (std::int64_t g = c.w; g < c.w + c.shape.weights(); ++g) {
+        const double u = rng.uniform2(static_cast<std::uint64_t>(g / 2), 0)[g % 2];
+        p[static_cast<std::size_t>(g)] = static_cast<float>(a * (2.0 * u - 1.0));
+      }
+    }
+  for (const BatchNormLayer& b : layout.batch_norm)
+    std::fill_n(p.begin() + b.gamma, b.channels, 1.0f);
   return p;
+}
+
+std::vector<double> initial_running(const Layout& layout) {
+  std::vector<double> r(static_cast<std::size_t>(layout.n_running), 0.0);
+  for (const BatchNormLayer& b : layout.batch_norm)
+    std::fill_n(r.begin() + b.running + b.channels, b.channels, 1.0);
+  return r;
 }
 
 namespace {

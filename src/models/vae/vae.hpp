@@ -11,12 +11,15 @@
 // the data-parallel driver reduces one buffer per step.
 #include <Eigen/Core>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/gradient_sum.hpp"
 #include "engine/optimizer.hpp"
+#include "models/vae/conv.hpp"
 #include "models/vae/layers.hpp"
 
 namespace caviar::vae {
@@ -39,6 +42,14 @@ struct Architecture {
   int latent = 0;
   Likelihood likelihood = Likelihood::kBernoulli;
   Posterior posterior = Posterior::kDiagonal;
+  // The convolutional VAE (Radford, Metz & Chintala 2016's pattern, as in Bruno 2022, section
+  // 4.4): stride-2 4 x 4 convolutions (padding 1) with these output channels, each followed by a
+  // ReLU and batch normalisation, then a dense layer to the posterior's parameters; the decoder
+  // mirrors it (a dense layer back to the last feature map, ReLU and batch norm, then transposed
+  // convolutions). Empty: the MLP. `hidden` is unused by a convolutional architecture.
+  std::vector<int> channels{};
+  int image_channels = 1, height = 0, width = 0;  // input_dim = image_channels height width
+  bool conv() const { return !channels.empty(); }
 };
 
 // One dense layer's place in the parameter buffer: W (out x in, row-major) at offset w, then b
@@ -61,11 +72,47 @@ using ParamVec = engine::Params;
 // what makes the results bitwise reproducible. The padding entries stay zero.
 inline constexpr std::int64_t kParamAlign = 16;
 
+// A convolution (or, if transposed, the adjoint of `shape`, conv.hpp), saved as name/W (in
+// PyTorch's Conv2d or ConvTranspose2d weight shape) and name/b; followed by a ReLU if relu, and by
+// batch norm `bn` if bn >= 0.
+struct ConvLayer {
+  std::string name;
+  ConvShape shape;
+  bool transposed = false, relu = true;
+  int bn = -1;
+  std::int64_t w = 0, b = 0;
+  // Channels and positions of its output.
+  int out_channels() const { return transposed ? shape.in_channels : shape.out_channels; }
+  int out_positions() const {
+    return transposed ? shape.height * shape.width : shape.out_positions();
+  }
+};
+
+// Batch normalisation of `channels` channels of `positions` values each (Ioffe & Szegedy 2015),
+// saved as name/gamma, name/beta, name/running_mean and name/running_var. Its running averages
+// are not trained by the optimiser, so they live outside the parameter buffer: entries
+// [running, running + channels) of the running-statistics vector hold the means, the next
+// `channels` the variances.
+struct BatchNormLayer {
+  std::string name;
+  int channels = 0, positions = 0;
+  std::int64_t gamma = 0, beta = 0;
+  int running = 0;
+};
+
+// Batch normalisation's constants, PyTorch's defaults: var + eps under the square root, and
+// running = (1 - momentum) running + momentum batch (the unbiased variance for the running one).
+inline constexpr double kBatchNormEps = 1e-5, kBatchNormMomentum = 0.1;
+
 struct Layout {
   Architecture arch;
   std::vector<Dense> encoder;  // hidden layers, then the (mu, logvar) head
-  std::vector<Dense> decoder;  // hidden layers, then the output layer
+  std::vector<Dense> decoder;  // hidden layers, then the output layer (conv: the projection only)
+  std::vector<ConvLayer> conv_encoder;     // conv: before the head
+  std::vector<ConvLayer> conv_decoder;     // conv: after the projection, the last giving the output
+  std::vector<BatchNormLayer> batch_norm;  // encoder's, then the projection's, then the decoder's
   std::int64_t n_params = 0;
+  int n_running = 0;  // entries of the running statistics (2 per batch-norm channel)
 
   // Throws caviar::Error for an impossible architecture (dims < 1).
   explicit Layout(const Architecture& a);
@@ -78,9 +125,12 @@ struct Layout {
   int input_dim() const { return arch.input_dim; }
 };
 
-// Xavier/Glorot uniform weights, U(-a, a) with a = sqrt(6 / (in + out)), zero biases. Draws are
-// keyed by (seed, parameter index), so every rank builds the same initial buffer.
+// Xavier/Glorot uniform weights, U(-a, a) with a = sqrt(6 / (in + out)) (fan_in and fan_out
+// times k^2 for a convolution), zero biases, batch norm's gamma 1 and beta 0. Draws are keyed by
+// (seed, parameter index), so every rank builds the same initial buffer.
 ParamVec xavier_init(const Layout& layout, std::uint64_t seed);
+// The running statistics before training: means 0, variances 1.
+std::vector<double> initial_running(const Layout& layout);
 
 // The optimiser (engine/optimizer.hpp: Adam, Kingma & Ba 2015) and the exact sum of the blocks'
 // gradients (core/gradient_sum.hpp) are the gradient driver's; the names stay visible here.
@@ -108,7 +158,10 @@ double normal_quantile(double p);
 template <class T>
 class Network {
  public:
-  explicit Network(const Layout& layout) : layout_(&layout) {}
+  // running: the batch-norm running statistics (Layout::n_running entries) that a convolutional
+  // network uses outside training (evaluation, encoding, decoding); unused by the MLP.
+  explicit Network(const Layout& layout, const double* running = nullptr)
+      : layout_(&layout), running_(running) {}
 
   // x: D x n (one row per column); eps: Z x (n S), column i S + s is row i's sample s. Returns
   // sum_i ELBO_i (Kingma & Welling 2014, eq. 10), writes per-row ELBOs to elbo_rows if given, and
@@ -122,6 +175,27 @@ class Network {
   // z = mu_i + sigma_i eps(:, i S + s), with log q = -1/2 sum_j (log 2 pi + lv_j + eps_j^2).
   void log_weights(const T* params, const Mat<T>& x, const Mat<T>& eps, int s,
                    Eigen::MatrixXd& logw);
+
+  // ---- Training a convolutional network: batch norm over the whole global minibatch ----
+  // A training pass over one block of rows runs in stages k = 0 .. reductions(), split at each
+  // batch-norm layer, forward and backward. Stage k < reductions() ends where a layer needs the
+  // statistics of the whole minibatch: it writes its block's partial sums to `local`
+  // (reduction_size(k) entries), which the caller gathers from every block of the minibatch and
+  // combines in block order (combine()); stage k + 1 starts from the combined values. The last
+  // stage returns the block's sum of ELBOs and has written the gradient of minus it into grad
+  // (every stage may write to grad). x and eps must stay unchanged through the stages.
+  static int reductions(const Layout& layout) {
+    return 2 * static_cast<int>(layout.batch_norm.size());
+  }
+  static std::size_t reduction_size(const Layout& layout, int k);
+  // The blocks' partial sums of reduction k (n_blocks x reduction_size(k), block-major) into
+  // `out`: for a forward reduction the count, the per-channel means and the biased variances
+  // (Chan, Golub & LeVeque 1983's pairwise update, in block order), also folded into `running`
+  // if given; for a backward one the count and the summed partial sums.
+  static void combine(const Layout& layout, int k, std::span<const double> blocks,
+                      std::int64_t n_blocks, std::vector<double>& out, double* running);
+  double stage(const T* params, int k, const Mat<T>& x, const Mat<T>& eps, int s,
+               std::span<const double> combined, std::span<double> local, T* grad);
 
   // Encoder only: mu and log sigma^2, Z x n each.
   void encode(const T* params, const Mat<T>& x, Mat<T>& mu, Mat<T>& logvar);
@@ -137,7 +211,39 @@ class Network {
   const Mat<T>& decoder_forward(const T* params, const Mat<T>& z);
 
   const Layout* layout_;
+  const double* running_ = nullptr;
   std::vector<Mat<T>> enc_a_, dec_a_;
+  // The likelihood, the KL and the per-row ELBOs of the current forward pass (out_, head_, z_),
+  // and, with grad, dL/d(out) into d_ and the KL's gradients into dmu_, dlv_, dlow_.
+  double loss(const Mat<T>& xr, int s, bool grad, Eigen::VectorXd* elbo_rows);
+  const Mat<T>& repeat_columns(const Mat<T>& x, int s);
+
+  // The convolutional network as a program of operations, run forward and, in training,
+  // backward; output(i) is operation i's result, the input of operation i + 1.
+  enum class OpKind { kConv, kBatchNorm, kHead, kSample, kProject, kDeconv, kLoss };
+  struct Op {
+    OpKind kind;
+    int index;  // into conv_encoder, batch_norm or conv_decoder
+  };
+  void build_program();
+  std::ptrdiff_t find_op(OpKind kind) const;
+  Mat<T>& output(std::ptrdiff_t i);
+  const Mat<T>& input(std::ptrdiff_t i, const Mat<T>& x) { return i == 0 ? x : output(i - 1); }
+  // Operations [from, to) forward; a batch norm with the running statistics.
+  void forward_ops(const T* p, std::ptrdiff_t from, std::ptrdiff_t to, const Mat<T>& x,
+                   const Mat<T>& eps, int s);
+  void forward_op(const T* p, std::ptrdiff_t i, const Mat<T>& x, const Mat<T>& eps, int s);
+  void batch_norm_forward(const T* p, std::ptrdiff_t i, const Mat<T>& x, const double* mean,
+                          const double* var);
+  void backward_op(const T* p, std::ptrdiff_t i, const Mat<T>& x, const Mat<T>& eps, int s,
+                   T* grad);
+  std::vector<Op> ops_;
+  std::vector<Mat<T>> act_, cols_, xhat_;
+  std::vector<Eigen::VectorXd> inv_std_;
+  std::ptrdiff_t pc_ = 0;  // the next operation of a staged pass
+  bool backward_ = false;
+  double objective_ = 0;
+
   // z += L' eps for a full posterior (the strictly lower triangle, row by row: entry (i, j), j < i,
   // at row i (i - 1) / 2 + j of lower), and its backward pass into dL/dL'.
   void add_lower(const T* lower, const Mat<T>& eps, int s);
@@ -151,6 +257,11 @@ class Network {
 
 template <class T>
 const Mat<T>& Network<T>::encoder_forward(const T* p, const Mat<T>& x) {
+  if (layout_->arch.conv()) {
+    build_program();
+    forward_ops(p, 0, find_op(OpKind::kHead) + 1, x, x, 1);
+    return head_;
+  }
   const auto& enc = layout_->encoder;
   enc_a_.resize(enc.size() - 1);
   const Mat<T>* in = &x;
@@ -166,6 +277,13 @@ const Mat<T>& Network<T>::encoder_forward(const T* p, const Mat<T>& x) {
 
 template <class T>
 const Mat<T>& Network<T>::decoder_forward(const T* p, const Mat<T>& z) {
+  if (layout_->arch.conv()) {
+    build_program();
+    if (&z != &z_) z_ = z;
+    const std::ptrdiff_t from = find_op(OpKind::kProject);
+    forward_ops(p, from, static_cast<std::ptrdiff_t>(ops_.size()) - 1, z_, z_, 1);
+    return out_;
+  }
   const auto& dec = layout_->decoder;
   dec_a_.resize(dec.size() - 1);
   const Mat<T>* in = &z;
@@ -186,6 +304,11 @@ const Mat<T>& Network<T>::sample_forward(const T* p, const Mat<T>& x, const Mat<
   reparameterise<T>(head_.topRows(zdim), head_.middleRows(zdim, zdim), eps, s, z_);
   if (layout_->lower()) add_lower(head_.data() + 2 * zdim, eps, s);
   decoder_forward(p, z_);
+  return repeat_columns(x, s);
+}
+
+template <class T>
+const Mat<T>& Network<T>::repeat_columns(const Mat<T>& x, int s) {
   if (s == 1) return x;
   x_rep_.resize(x.rows(), x.cols() * s);
   for (Eigen::Index i = 0; i < x.cols(); ++i)
@@ -194,11 +317,9 @@ const Mat<T>& Network<T>::sample_forward(const T* p, const Mat<T>& x, const Mat<
 }
 
 template <class T>
-double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
-                       Eigen::VectorXd* elbo_rows) {
+double Network<T>::loss(const Mat<T>& xr, int s, bool grad, Eigen::VectorXd* elbo_rows) {
   const int zdim = layout_->latent(), nl = layout_->lower();
-  const Eigen::Index n = x.cols();
-  const Mat<T>* xr = &sample_forward(p, x, eps, s);
+  const Eigen::Index n = head_.cols();
   const auto mu = head_.topRows(zdim);
   const auto lv = head_.middleRows(zdim, zdim);
   // The likelihood term is averaged over the S samples (Kingma & Welling 2014, eq. 10), hence the
@@ -206,9 +327,9 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
   const T inv_s = T(1) / T(s);
   Mat<T>* dout = grad ? &d_ : nullptr;
   if (layout_->arch.likelihood == Likelihood::kBernoulli)
-    bernoulli_loglik<T>(out_, *xr, ll_, inv_s, dout);
+    bernoulli_loglik<T>(out_, xr, ll_, inv_s, dout);
   else
-    gaussian_loglik<T>(out_, *xr, ll_, inv_s, dout);
+    gaussian_loglik<T>(out_, xr, ll_, inv_s, dout);
   kl_standard_normal<T>(mu, lv, kl_, T(1), grad ? &dmu_ : nullptr, grad ? &dlv_ : nullptr);
   if (nl) {
     // KL(N(mu, L L^T) || N(0, I)) = 1/2 (tr(L L^T) + mu^T mu - Z - log det(L L^T)), and
@@ -234,7 +355,19 @@ double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T*
     if (elbo_rows) (*elbo_rows)(i) = e;
     total += e;
   }
+  return total;
+}
+
+template <class T>
+double Network<T>::run(const T* p, const Mat<T>& x, const Mat<T>& eps, int s, T* grad,
+                       Eigen::VectorXd* elbo_rows) {
+  if (grad && layout_->arch.conv())
+    throw Error("internal: a convolutional VAE trains through Network::stage");
+  const int zdim = layout_->latent(), nl = layout_->lower();
+  const Eigen::Index n = x.cols();
+  const double total = loss(sample_forward(p, x, eps, s), s, grad != nullptr, elbo_rows);
   if (!grad) return total;
+  const auto lv = head_.middleRows(zdim, zdim);
 
   // Backward through the decoder: d_ holds dL/d(output layer) for L = -sum_i ELBO_i.
   const auto& dec = layout_->decoder;
@@ -333,6 +466,285 @@ void Network<T>::decode_mean(const T* p, const Mat<T>& z, Mat<T>& mean) {
     mean = (T(1) + (-out_.array()).exp()).inverse().matrix();
   else
     mean = out_.topRows(d);
+}
+
+// ---- the convolutional network ----
+
+template <class T>
+void Network<T>::build_program() {
+  if (!ops_.empty()) return;
+  const Layout& L = *layout_;
+  for (std::size_t l = 0; l < L.conv_encoder.size(); ++l) {
+    ops_.push_back({OpKind::kConv, static_cast<int>(l)});
+    ops_.push_back({OpKind::kBatchNorm, L.conv_encoder[l].bn});
+  }
+  ops_.push_back({OpKind::kHead, 0});
+  ops_.push_back({OpKind::kSample, 0});
+  ops_.push_back({OpKind::kProject, 0});
+  ops_.push_back({OpKind::kBatchNorm, static_cast<int>(L.conv_encoder.size())});
+  for (std::size_t j = 0; j < L.conv_decoder.size(); ++j) {
+    ops_.push_back({OpKind::kDeconv, static_cast<int>(j)});
+    if (L.conv_decoder[j].bn >= 0) ops_.push_back({OpKind::kBatchNorm, L.conv_decoder[j].bn});
+  }
+  ops_.push_back({OpKind::kLoss, 0});
+  act_.resize(ops_.size());
+  cols_.resize(L.conv_encoder.size());
+  xhat_.resize(L.batch_norm.size());
+  inv_std_.resize(L.batch_norm.size());
+}
+
+template <class T>
+std::ptrdiff_t Network<T>::find_op(OpKind kind) const {
+  for (std::size_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i].kind == kind) return static_cast<std::ptrdiff_t>(i);
+  return -1;
+}
+
+template <class T>
+Mat<T>& Network<T>::output(std::ptrdiff_t i) {
+  switch (ops_[i].kind) {
+    case OpKind::kHead:
+      return head_;
+    case OpKind::kSample:
+      return z_;
+    default:
+      // The last convolution's output is the likelihood's parameters.
+      return i + 2 == static_cast<std::ptrdiff_t>(ops_.size()) ? out_ : act_[i];
+  }
+}
+
+template <class T>
+void Network<T>::forward_ops(const T* p, std::ptrdiff_t from, std::ptrdiff_t to, const Mat<T>& x,
+                             const Mat<T>& eps, int s) {
+  for (std::ptrdiff_t i = from; i < to; ++i) {
+    if (ops_[i].kind == OpKind::kBatchNorm) {
+      if (!running_)
+        throw Error("internal: a convolutional VAE outside training needs the running statistics");
+      const BatchNormLayer& b = layout_->batch_norm[ops_[i].index];
+      batch_norm_forward(p, i, x, running_ + b.running, running_ + b.running + b.channels);
+    } else {
+      forward_op(p, i, x, eps, s);
+    }
+  }
+}
+
+template <class T>
+void Network<T>::forward_op(const T* p, std::ptrdiff_t i, const Mat<T>& x, const Mat<T>& eps,
+                            int s) {
+  const Layout& L = *layout_;
+  const int idx = ops_[i].index, zdim = L.latent();
+  switch (ops_[i].kind) {
+    case OpKind::kConv: {
+      const ConvLayer& c = L.conv_encoder[idx];
+      conv_forward(c.shape, p + c.w, p + c.b, input(i, x), cols_[idx], output(i));
+      relu_forward(output(i));
+      break;
+    }
+    case OpKind::kDeconv: {
+      const ConvLayer& c = L.conv_decoder[idx];
+      conv_transpose_forward(c.shape, p + c.w, p + c.b, input(i, x), output(i));
+      if (c.relu) relu_forward(output(i));
+      break;
+    }
+    case OpKind::kHead: {
+      const Dense& h = L.encoder.back();
+      dense_forward(p + h.w, p + h.b, h.out, h.in, input(i, x), head_);
+      break;
+    }
+    case OpKind::kSample:
+      reparameterise<T>(head_.topRows(zdim), head_.middleRows(zdim, zdim), eps, s, z_);
+      if (L.lower()) add_lower(head_.data() + 2 * zdim, eps, s);
+      break;
+    case OpKind::kProject: {
+      const Dense& d = L.decoder.front();
+      dense_forward(p + d.w, p + d.b, d.out, d.in, input(i, x), output(i));
+      relu_forward(output(i));
+      break;
+    }
+    case OpKind::kBatchNorm:
+    case OpKind::kLoss:
+      throw Error("internal: not a plain forward operation");
+  }
+}
+
+template <class T>
+void Network<T>::batch_norm_forward(const T* p, std::ptrdiff_t i, const Mat<T>& x,
+                                    const double* mean, const double* var) {
+  const BatchNormLayer& b = layout_->batch_norm[ops_[i].index];
+  const Eigen::Map<const Eigen::VectorXd> m(mean, b.channels), v(var, b.channels);
+  bn_forward(input(i, x), b.channels, b.positions, Eigen::VectorXd(m), Eigen::VectorXd(v),
+             kBatchNormEps, p + b.gamma, p + b.beta, xhat_[ops_[i].index], inv_std_[ops_[i].index],
+             output(i));
+}
+
+template <class T>
+void Network<T>::backward_op(const T* p, std::ptrdiff_t i, const Mat<T>& x, const Mat<T>& eps,
+                             int s, T* grad) {
+  const Layout& L = *layout_;
+  const int idx = ops_[i].index, zdim = L.latent(), nl = L.lower();
+  // d_ holds dL/d(output(i)); leaves dL/d(input(i)) there.
+  switch (ops_[i].kind) {
+    case OpKind::kDeconv: {
+      const ConvLayer& c = L.conv_decoder[idx];
+      if (c.relu) relu_backward(output(i), d_);
+      conv_transpose_backward(c.shape, p + c.w, input(i, x), d_, grad + c.w, grad + c.b, &d2_);
+      d_.swap(d2_);
+      break;
+    }
+    case OpKind::kProject: {
+      const Dense& d = L.decoder.front();
+      relu_backward(output(i), d_);
+      dense_backward(p + d.w, d.out, d.in, input(i, x), d_, grad + d.w, grad + d.b, &d2_);
+      d_.swap(d2_);
+      break;
+    }
+    case OpKind::kSample: {
+      const auto lv = head_.middleRows(zdim, zdim);
+      reparameterise_backward<T>(lv, eps, d_, s, dmu_, dlv_);
+      if (nl) add_lower_backward(eps, d_, s, dlow_);
+      dhead_.resize(2 * zdim + nl, head_.cols());
+      dhead_.topRows(zdim) = dmu_;
+      dhead_.middleRows(zdim, zdim) = dlv_;
+      if (nl) dhead_.bottomRows(nl) = dlow_;
+      d_.swap(dhead_);
+      break;
+    }
+    case OpKind::kHead: {
+      const Dense& h = L.encoder.back();
+      dense_backward(p + h.w, h.out, h.in, input(i, x), d_, grad + h.w, grad + h.b, &d2_);
+      d_.swap(d2_);
+      break;
+    }
+    case OpKind::kConv: {
+      const ConvLayer& c = L.conv_encoder[idx];
+      relu_backward(output(i), d_);
+      conv_backward(c.shape, p + c.w, cols_[idx], d_, grad + c.w, grad + c.b,
+                    idx == 0 ? nullptr : &d2_);
+      if (idx > 0) d_.swap(d2_);
+      break;
+    }
+    case OpKind::kBatchNorm:
+    case OpKind::kLoss:
+      throw Error("internal: not a plain backward operation");
+  }
+}
+
+template <class T>
+std::size_t Network<T>::reduction_size(const Layout& layout, int k) {
+  const int nb = static_cast<int>(layout.batch_norm.size());
+  const int b = k < nb ? k : 2 * nb - 1 - k;
+  return 1 + 2 * static_cast<std::size_t>(layout.batch_norm[b].channels);
+}
+
+template <class T>
+void Network<T>::combine(const Layout& layout, int k, std::span<const double> blocks,
+                         std::int64_t n_blocks, std::vector<double>& out, double* running) {
+  const int nb = static_cast<int>(layout.batch_norm.size());
+  const std::size_t m = reduction_size(layout, k);
+  const int c = static_cast<int>((m - 1) / 2);
+  out.assign(m, 0.0);
+  if (k >= nb) {  // backward: plain sums, in block order
+    for (std::int64_t j = 0; j < n_blocks; ++j)
+      for (std::size_t e = 0; e < m; ++e) out[e] += blocks[j * m + e];
+    return;
+  }
+  // Forward: each block sent (count, sum, M2 about its own mean); merged pairwise in block order
+  // (Chan, Golub & LeVeque 1983): n = na + nb, delta = mean_b - mean_a,
+  // mean = mean_a + delta nb / n, M2 = M2_a + M2_b + delta^2 na nb / n.
+  double n = 0;
+  std::vector<double> mean(c, 0.0), m2(c, 0.0);
+  for (std::int64_t j = 0; j < n_blocks; ++j) {
+    const double* v = blocks.data() + j * m;
+    const double nj = v[0], n_new = n + nj;
+    for (int ch = 0; ch < c; ++ch) {
+      const double mj = v[1 + ch] / nj, delta = mj - mean[ch];
+      mean[ch] += delta * nj / n_new;
+      m2[ch] += v[1 + c + ch] + delta * delta * n * nj / n_new;
+    }
+    n = n_new;
+  }
+  out[0] = n;
+  for (int ch = 0; ch < c; ++ch) {
+    out[1 + ch] = mean[ch];
+    out[1 + c + ch] = m2[ch] / n;
+  }
+  if (running) {
+    const BatchNormLayer& b = layout.batch_norm[k];
+    const double mo = kBatchNormMomentum, unbiased = n > 1 ? n / (n - 1) : 1.0;
+    for (int ch = 0; ch < c; ++ch) {
+      double& rm = running[b.running + ch];
+      double& rv = running[b.running + c + ch];
+      rm = (1 - mo) * rm + mo * out[1 + ch];
+      rv = (1 - mo) * rv + mo * out[1 + c + ch] * unbiased;
+    }
+  }
+}
+
+template <class T>
+double Network<T>::stage(const T* p, int k, const Mat<T>& x, const Mat<T>& eps, int s,
+                         std::span<const double> combined, std::span<double> local, T* grad) {
+  build_program();
+  const Layout& L = *layout_;
+  if (k == 0) {
+    pc_ = 0;
+    backward_ = false;
+  } else {
+    // Finish the batch norm that waited for reduction k - 1.
+    const BatchNormLayer& b = L.batch_norm[ops_[pc_].index];
+    if (!backward_) {
+      batch_norm_forward(p, pc_, x, combined.data() + 1, combined.data() + 1 + b.channels);
+      ++pc_;
+    } else {
+      bn_backward(d_, xhat_[ops_[pc_].index], b.channels, b.positions, p + b.gamma,
+                  inv_std_[ops_[pc_].index],
+                  Eigen::Map<const Eigen::VectorXd>(combined.data() + 1, 2 * b.channels),
+                  combined[0], d2_);
+      d_.swap(d2_);
+      --pc_;
+    }
+  }
+  while (!backward_) {
+    if (ops_[pc_].kind == OpKind::kLoss) {
+      objective_ = loss(repeat_columns(x, s), s, true, nullptr);
+      backward_ = true;
+      --pc_;
+      break;
+    }
+    if (ops_[pc_].kind == OpKind::kBatchNorm) {
+      // This block's count, per-channel sums and sums of squares about its own mean.
+      const BatchNormLayer& b = L.batch_norm[ops_[pc_].index];
+      const Mat<T>& in = input(pc_, x);
+      const double n = static_cast<double>(in.cols()) * b.positions;
+      const Eigen::VectorXd sum = bn_channel_sums(in, b.channels, b.positions);
+      const Eigen::VectorXd mean = sum / n;
+      const Eigen::VectorXd m2 = bn_channel_sums(in, b.channels, b.positions, &mean);
+      local[0] = n;
+      for (int c = 0; c < b.channels; ++c) {
+        local[1 + c] = sum[c];
+        local[1 + b.channels + c] = m2[c];
+      }
+      return 0;
+    }
+    forward_op(p, pc_, x, eps, s);
+    ++pc_;
+  }
+  for (; pc_ >= 0; --pc_) {
+    if (ops_[pc_].kind == OpKind::kBatchNorm) {
+      // dL/dbeta and dL/dgamma of this block's share; their sums over blocks are the gradient.
+      const BatchNormLayer& b = L.batch_norm[ops_[pc_].index];
+      const Eigen::VectorXd sums =
+          bn_backward_sums(d_, xhat_[ops_[pc_].index], b.channels, b.positions);
+      local[0] = static_cast<double>(d_.cols()) * b.positions;
+      for (int c = 0; c < 2 * b.channels; ++c) local[1 + c] = sums[c];
+      for (int c = 0; c < b.channels; ++c) {
+        grad[b.beta + c] = static_cast<T>(sums[c]);
+        grad[b.gamma + c] = static_cast<T>(sums[b.channels + c]);
+      }
+      return 0;
+    }
+    backward_op(p, pc_, x, eps, s, grad);
+  }
+  return objective_;
 }
 
 }  // namespace caviar::vae
