@@ -193,6 +193,46 @@ def main():
         check(len(errs) == 1 and fragment in errs[0], f"one error line with '{fragment}': {r.stderr}")
         check(not os.path.exists(out) and not os.path.exists(p("x.png")), f"no output for {fragment}")
 
+    # The convolutional VAE (4x4 images -> 2x2 -> 1x1, batch norm over the global minibatch):
+    # the same bits at 1 and 2 ranks, the layers in PyTorch's shapes with batch norm's running
+    # statistics, and a model file that reproduces the run's final test ELBO in vae score.
+    conv = [caviar, "vae", "train", "--arch", "conv", "--channels", "4,6", "--data",
+            p("data.h5") + ":/train", "--test", p("data.h5") + ":/test", "--latent", "2",
+            "--batch-size", "40", "--lr", "3e-3", "--seed", "5", "--max-iter", "2"]
+    c1 = summary(run(conv + ["--out", p("c1.h5")]))
+    c2 = summary(run(conv + ["--out", p("c2.h5")], ranks=2))
+    check(c1["test_elbo"] == c2["test_elbo"], f"conv test ELBO at 1 and 2 ranks: {c1} vs {c2}")
+
+    def datasets(path):
+        with h5py.File(path, "r") as f:
+            out = {}
+            f.visititems(lambda name, obj: out.__setitem__(name, np.asarray(obj))
+                         if isinstance(obj, h5py.Dataset) and not name.startswith("trace") else None)
+            return out
+    d1, d2 = datasets(p("c1.h5")), datasets(p("c2.h5"))
+    check(sorted(d1) == sorted(d2) and all(np.array_equal(d1[k], d2[k]) for k in d1),
+          "conv model files at 1 and 2 ranks are bitwise equal")
+    expect = {"encoder/conv0/W": (4, 1, 4, 4), "encoder/conv1/W": (6, 4, 4, 4),
+              "encoder/mu/W": (2, 6), "decoder/project/W": (6, 2), "decoder/deconv0/W": (6, 4, 4, 4),
+              "decoder/deconv1/W": (4, 1, 4, 4), "decoder/deconv1/b": (1,),
+              "encoder/bn1/running_var": (6,), "decoder/bn_project/gamma": (6,),
+              "decoder/bn0/running_mean": (4,), "architecture/image": (3,)}
+    for k, shape in expect.items():
+        check(k in d1 and d1[k].shape == shape, f"conv {k} has shape {shape}")
+    check(np.all(d1["encoder/bn1/running_var"] > 0) and
+          not np.array_equal(d1["encoder/bn1/running_var"], np.ones(6)),
+          "the running variances were updated")
+    sc = summary(run([caviar, "vae", "score", "--model", p("c1.h5"), "--data", p("data.h5") + ":/test",
+                      "--importance-samples", "20", "--seed", "5"], ranks=2))
+    check(sc["elbo"] == c1["test_elbo"], f"vae score of the conv model file gives the run's test ELBO: "
+          f"{sc['elbo']} vs {c1['test_elbo']}")
+    check(sc["log_px"] >= sc["elbo"] - 1.0, f"importance-weighted log p(x) near or above the ELBO: {sc}")
+    for cmd in (["sample", "--model", p("c1.h5"), "--n", "9", "--png", p("c_samples.png")],
+                ["reconstruct", "--model", p("c1.h5"), "--data", p("data.h5") + ":/test", "--n", "6",
+                 "--png", p("c_recon.png")]):
+        run([caviar, "vae"] + cmd)
+        check(os.path.getsize(cmd[-1]) > 0, f"vae {cmd[0]} of a conv model writes a PNG")
+
     # A latent-3 model cannot draw a 2-D manifold.
     run(with_opt(one, "--latent", "3") + ["--out", p("z3.h5")])
     r = run([caviar, "vae", "manifold", "--model", p("z3.h5"), "--png", p("z3.png")], expect_ok=False)
