@@ -19,6 +19,7 @@
 // described here by the shape of the convolution it is the adjoint of, which fixes its output
 // size without PyTorch's output_padding.
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 
 #include "models/vae/layers.hpp"
@@ -39,27 +40,44 @@ struct ConvShape {
   int weights() const { return out_channels * patch(); }
 };
 
+// The output columns [lo, hi) of a row whose kernel column kj reads inside the image: those with
+// 0 <= ow stride - pad + kj < width.
+inline void valid_columns(const ConvShape& s, int kj, int& lo, int& hi) {
+  const int wo = s.out_width(), first = s.pad - kj;  // ow stride >= first
+  lo = first <= 0 ? 0 : (first + s.stride - 1) / s.stride;
+  const int last = s.width - 1 + s.pad - kj;  // ow stride <= last
+  hi = last < 0 ? 0 : std::min(wo, last / s.stride + 1);
+  lo = std::min(lo, hi);
+}
+
 // The patch matrix of x (in_size x N): N P x patch, row n P + p holding the input values under
 // output position p of image n (zero where the kernel overlaps the padding).
 template <class T>
 void im2col(const ConvShape& s, const Mat<T>& x, Mat<T>& cols) {
   const int ho = s.out_height(), wo = s.out_width(), k = s.kernel, p = s.out_positions();
   cols.resize(Eigen::Index(x.cols()) * p, s.patch());
-  for (Eigen::Index n = 0; n < x.cols(); ++n)
-    for (int c = 0; c < s.in_channels; ++c)
-      for (int ki = 0; ki < k; ++ki)
-        for (int kj = 0; kj < k; ++kj) {
-          const int col = (c * k + ki) * k + kj;
-          for (int oh = 0; oh < ho; ++oh) {
+  for (int c = 0; c < s.in_channels; ++c)
+    for (int ki = 0; ki < k; ++ki)
+      for (int kj = 0; kj < k; ++kj) {
+        const int col = (c * k + ki) * k + kj;
+        int lo, hi;
+        valid_columns(s, kj, lo, hi);
+        for (Eigen::Index n = 0; n < x.cols(); ++n) {
+          T* dst = &cols(n * p, col);
+          const T* img = x.col(n).data() + Eigen::Index(c) * s.height * s.width;
+          for (int oh = 0; oh < ho; ++oh, dst += wo) {
             const int ih = oh * s.stride - s.pad + ki;
-            for (int ow = 0; ow < wo; ++ow) {
-              const int iw = ow * s.stride - s.pad + kj;
-              const bool inside = ih >= 0 && ih < s.height && iw >= 0 && iw < s.width;
-              cols(n * p + oh * wo + ow, col) =
-                  inside ? x((c * s.height + ih) * s.width + iw, n) : T(0);
+            if (ih < 0 || ih >= s.height) {
+              std::fill(dst, dst + wo, T(0));
+              continue;
             }
+            const int base = ih * s.width - s.pad + kj;  // + ow stride: inside for ow in [lo, hi)
+            std::fill(dst, dst + lo, T(0));
+            for (int ow = lo; ow < hi; ++ow) dst[ow] = img[base + ow * s.stride];
+            std::fill(dst + hi, dst + wo, T(0));
           }
         }
+      }
 }
 
 // The adjoint of im2col: adds each patch-matrix entry to the input value it was read from.
@@ -72,14 +90,15 @@ void col2im_add(const ConvShape& s, const Mat<T>& cols, Mat<T>& x) {
       for (int ki = 0; ki < k; ++ki)
         for (int kj = 0; kj < k; ++kj) {
           const int col = (c * k + ki) * k + kj;
-          for (int oh = 0; oh < ho; ++oh) {
+          int lo, hi;
+          valid_columns(s, kj, lo, hi);
+          const T* src = &cols(n * p, col);
+          T* img = x.col(n).data() + Eigen::Index(c) * s.height * s.width;
+          for (int oh = 0; oh < ho; ++oh, src += wo) {
             const int ih = oh * s.stride - s.pad + ki;
             if (ih < 0 || ih >= s.height) continue;
-            for (int ow = 0; ow < wo; ++ow) {
-              const int iw = ow * s.stride - s.pad + kj;
-              if (iw >= 0 && iw < s.width)
-                x((c * s.height + ih) * s.width + iw, n) += cols(n * p + oh * wo + ow, col);
-            }
+            const int base = ih * s.width - s.pad + kj;
+            for (int ow = lo; ow < hi; ++ow) img[base + ow * s.stride] += src[ow];
           }
         }
 }
