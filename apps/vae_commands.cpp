@@ -59,6 +59,13 @@ void add_train_command(CLI::App* vae, Context& ctx) {
       ->add_option("--channels", *channels,
                    "Output channels of the stride-2 convolutions, comma-separated (conv)")
       ->capture_default_str();
+  train->add_flag("--bayesian-decoder", o->bayesian_decoder,
+                  "mlp: a mean-field Gaussian posterior over the decoder's weights (one draw per "
+                  "minibatch; its KL counted once per epoch)");
+  train
+      ->add_option("--prior-scale", o->prior_scale,
+                   "With --bayesian-decoder: the weights' prior N(0, s^2)")
+      ->capture_default_str();
   train->add_option("--image", o->image,
                     "Image shape CxHxW of a row (conv; default 1 x s x s for s^2 columns)");
   train->add_option("--latent", o->latent, "Latent dimension Z")->capture_default_str();
@@ -118,6 +125,7 @@ void add_train_command(CLI::App* vae, Context& ctx) {
       nlohmann::ordered_json j;
       j["train_elbo"] = json_number(r.train_elbo);
       if (!o->test.empty()) j["test_elbo"] = json_number(r.test_elbo);
+      if (o->bayesian_decoder) j["decoder_kl"] = r.decoder_kl;
       j["epochs"] = r.epochs;
       j["steps"] = r.steps;
       j["seconds"] = r.seconds;

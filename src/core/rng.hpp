@@ -35,6 +35,7 @@ enum class Stream : std::uint32_t {
   kBbviElbo = 24,      // black-box VI draws of the ELBO estimate and of the k-hat diagnostic
   kGibbsOrder = 25,    // collapsed Gibbs: each block's order of rows, keyed by (row, sweep)
   kGibbsCollapsedLabels = 26,  // collapsed Gibbs: label draws, keyed by (row, sweep)
+  kVaeWeights = 27,            // a Bayesian VAE decoder's weight draws, keyed by (parameter, step)
 };
 
 std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter,

@@ -152,6 +152,10 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io:
   } else {
     fp.add("hidden", list(o.hidden), "--hidden");
   }
+  if (o.bayesian_decoder) {
+    fp.add("bayesian_decoder", std::string("yes"), "--bayesian-decoder");
+    fp.add("prior_scale", o.prior_scale, "--prior-scale");
+  }
   fp.add("latent", static_cast<std::int64_t>(o.latent), "--latent");
   fp.add("likelihood", o.likelihood, "--likelihood");
   // Only for a full posterior, so that the checkpoints of diagonal runs stay resumable.
@@ -183,6 +187,10 @@ void write_architecture(io::FileWriter& w, const Architecture& a) {
   // Written for a full posterior only: a file without it has a diagonal one (as every file of
   // earlier versions), and diagonal model files keep their bits.
   if (a.posterior == Posterior::kFull) w.attr("posterior", to_string(a.posterior));
+  if (a.bayesian_decoder) {
+    w.attr("bayesian_decoder", static_cast<std::int64_t>(1));
+    w.attr("prior_scale", a.prior_scale);
+  }
 }
 
 Architecture read_architecture(const io::FileReader& r, const std::string& file) {
@@ -208,6 +216,10 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
   if (r.has_attr("posterior")) a.posterior = parse_posterior(r.read_string_attr("posterior"));
+  if (r.has_attr("bayesian_decoder")) {
+    a.bayesian_decoder = ckpt::read_int(r, "bayesian_decoder", 0, 1, bad) == 1;
+    a.prior_scale = r.read_double_attr("prior_scale");
+  }
   return a;
 }
 
@@ -276,12 +288,19 @@ void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
         const int rows = d->rows[k];
         const float* wp = res.params.data() + d->w + row0 * d->in;
         const float* bp = res.params.data() + d->b + row0;
-        row0 += rows;
-        w.write(d->parts[k] + "/W",
-                std::vector<double>(wp, wp + static_cast<std::int64_t>(rows) * d->in),
-                {static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(d->in)});
+        const io::Dims wdims{static_cast<std::uint64_t>(rows), static_cast<std::uint64_t>(d->in)};
+        const std::int64_t nw = static_cast<std::int64_t>(rows) * d->in;
+        w.write(d->parts[k] + "/W", std::vector<double>(wp, wp + nw), wdims);
         w.write(d->parts[k] + "/b", std::vector<double>(bp, bp + rows),
                 {static_cast<std::uint64_t>(rows)});
+        if (d->log_sigma_w >= 0) {  // a Bayesian decoder: W and b are q's means
+          const float* lw = res.params.data() + d->log_sigma_w + row0 * d->in;
+          const float* lb = res.params.data() + d->log_sigma_b + row0;
+          w.write(d->parts[k] + "/W_log_sigma", std::vector<double>(lw, lw + nw), wdims);
+          w.write(d->parts[k] + "/b_log_sigma", std::vector<double>(lb, lb + rows),
+                  {static_cast<std::uint64_t>(rows)});
+        }
+        row0 += rows;
       }
     }
     write_conv_parameters(w, layout, res.params.data(), res.running);
@@ -289,6 +308,9 @@ void write_model(const Comm& comm, const TrainOptions& o, const Layout& layout,
     w.write("trace/test_elbo", res.test_trace, {res.test_trace.size()});
     w.attr("train_elbo", res.train_elbo);
     w.attr("test_elbo", res.test_elbo);
+    // The weights' KL, counted once per epoch in train_elbo; test_elbo is the data term at q's
+    // mean weights (an ELBO per test image would subtract decoder_kl / n_samples).
+    if (layout.arch.bayesian_decoder) w.attr("decoder_kl", res.decoder_kl);
     w.attr("epochs", static_cast<std::int64_t>(res.epochs));
     w.attr("steps", res.steps);
     w.attr("n_samples", res.n);
@@ -348,6 +370,8 @@ std::array<int, 3> image_shape(const std::string& spec, std::int64_t columns) {
 Architecture architecture(const TrainOptions& o, std::int64_t columns) {
   Architecture a{static_cast<int>(columns), o.hidden, o.latent, parse_likelihood(o.likelihood),
                  parse_posterior(o.posterior)};
+  a.bayesian_decoder = o.bayesian_decoder;
+  a.prior_scale = o.prior_scale;
   if (o.arch == "conv") {
     a.hidden.clear();
     a.channels = o.channels;
@@ -363,6 +387,10 @@ Architecture architecture(const TrainOptions& o, std::int64_t columns) {
 void check_architecture(const TrainOptions& o) {
   if (o.arch != "mlp" && o.arch != "conv")
     throw Error("unknown --arch '" + o.arch + "' (expected mlp or conv)");
+  if (o.bayesian_decoder && o.arch != "mlp")
+    throw Error("--bayesian-decoder applies to --arch mlp only");
+  if (o.bayesian_decoder && (!(o.prior_scale > 0) || !std::isfinite(o.prior_scale)))
+    throw Error("--prior-scale must be > 0");
   if (o.arch == "conv") {
     if (o.channels.empty()) throw Error("--channels needs at least one count");
     for (int c : o.channels)
@@ -482,6 +510,7 @@ TrainResult train(const Comm& comm, const TrainOptions& o, const EpochProgress& 
   const engine::RunResult r = engine::fit_gradient(model, run);
   TrainResult res =
       to_result(r, ck.iteration(), ck.elapsed(), shape.rows, eval_seconds, test.has_value());
+  res.decoder_kl = model.decoder_kl();
   res.params = std::move(model.params());
   res.running = model.running();
   res.seconds = seconds_since(t_start);
@@ -509,6 +538,15 @@ LoadedModel load_model(const Comm& comm, const std::string& file) {
                       " has the wrong shape for its architecture");
         std::copy(w.begin(), w.end(), p.begin() + d->w + row0 * d->in);
         std::copy(b.begin(), b.end(), p.begin() + d->b + row0);
+        if (d->log_sigma_w >= 0) {
+          const auto lw = r.read(d->parts[k] + "/W_log_sigma");
+          const auto lb = r.read(d->parts[k] + "/b_log_sigma");
+          if (lw.size() != w.size() || lb.size() != b.size())
+            throw Error("'" + file + "': " + d->parts[k] +
+                        "'s log sigma has the wrong shape for its architecture");
+          std::copy(lw.begin(), lw.end(), p.begin() + d->log_sigma_w + row0 * d->in);
+          std::copy(lb.begin(), lb.end(), p.begin() + d->log_sigma_b + row0);
+        }
         row0 += rows;
       }
     }

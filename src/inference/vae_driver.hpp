@@ -27,6 +27,8 @@ struct TrainOptions {
   std::vector<int> hidden{400};
   std::vector<int> channels{32, 64};  // conv: output channels of the stride-2 convolutions
   std::string image;                  // conv: "CxHxW"; "" = 1 x s x s for s^2 columns
+  bool bayesian_decoder = false;      // mlp: a mean-field Gaussian over the decoder's weights
+  double prior_scale = 1.0;           // its prior N(0, s^2)
   int latent = 20;
   int epochs = 10;
   int batch_size = 100;
@@ -65,6 +67,7 @@ struct TrainResult {
   std::vector<double> train_trace, test_trace;
   ParamVec params;
   std::vector<double> running;  // batch norm's running statistics (conv)
+  double decoder_kl = 0;        // a Bayesian decoder's KL(q(w) || p(w)) at the end
 };
 
 using EpochProgress = std::function<void(const EpochReport&)>;

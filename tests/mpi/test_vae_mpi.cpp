@@ -220,6 +220,18 @@ TEST(VaeMpi, ConvResumeContinuesIdentically) {
   EXPECT_THROW(train(world(), wrong, nullptr), Error);
 }
 
+// The Bayesian decoder draws its weights once per step, keyed by (seed, parameter, step), and
+// adds each block's share of their KL: the same bits at any rank and thread count.
+TEST(VaeMpi, BayesianDecoderIdenticalForAnyRankCount) {
+  TrainOptions o = small_options();
+  o.bayesian_decoder = true;
+  o.prior_scale = 0.5;
+  omp_set_num_threads(2);
+  const TrainResult r = train(world(), o, nullptr);
+  EXPECT_GT(r.decoder_kl, 0);
+  expect_same_on_self(o, r, 1);
+}
+
 TEST(VaeMpi, ElboIncreasesOnASmallProblem) {
   TrainOptions o = small_options();
   o.epochs = 10;

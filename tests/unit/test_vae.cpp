@@ -202,6 +202,62 @@ TEST(VaeNetwork, GradientMatchesFiniteDifferencesFullPosterior) {
   check_network(Likelihood::kGaussian, {}, 1, Posterior::kFull, 4);
 }
 
+// The Bayesian decoder (Kingma & Welling 2014, appendix F): L(mu, log sigma) = -sum_i ELBO_i at
+// the weights w = mu + sigma eps drawn for one step, plus frac KL(q(w) || N(0, s^2)); every
+// parameter's gradient (means and log sigmas of the decoder, the encoder's) against central
+// differences, with the draw's eps fixed by its key.
+TEST(VaeNetwork, BayesianDecoderGradientMatchesFiniteDifferences) {
+  Architecture a{6, {5}, 2, Likelihood::kBernoulli};
+  a.bayesian_decoder = true;
+  a.prior_scale = 0.7;
+  const Layout layout(a);
+  const ParamVec pf = xavier_init(layout, 3);
+  std::vector<double> p(pf.begin(), pf.end());
+  for (const Dense& d : layout.decoder) {
+    ASSERT_GE(d.log_sigma_w, 0);
+    EXPECT_EQ(p[d.log_sigma_w], kInitialLogSigma);
+    // Larger sigmas than at the start, so that the draw's part of the gradient shows.
+    for (int j = 0; j < d.in * d.out; ++j) p[d.log_sigma_w + j] = -1.5 + 0.5 * std::sin(1.0 + j);
+    for (int j = 0; j < d.out; ++j) p[d.log_sigma_b + j] = -1.0 + 0.4 * std::cos(2.0 + j);
+  }
+  const int n = 4;
+  const MatD x = random_mat(6, n, 17, 0, 1);
+  const MatD eps = random_mat(2, n, 18, -1.5, 1.5);
+  const double frac = 0.25;
+  auto value = [&](std::vector<double>* grad) {
+    std::vector<double> sampled, weight_eps, g(p.size(), 0.0);
+    sample_decoder(layout, p.data(), 11, 4, sampled, weight_eps);
+    Network<double> net(layout);
+    const double elbo = net.run(sampled.data(), x, eps, 1, grad ? g.data() : nullptr);
+    const double kl = decoder_kl_backward(layout, p.data(), weight_eps.data(), frac, g.data());
+    if (grad) *grad = g;
+    return -(elbo - frac * kl);
+  };
+  std::vector<double> g;
+  value(&g);
+  expect_gradient(
+      p, [&] { return value(nullptr); }, g, 1e-6, "Bayesian decoder");
+}
+
+// The weights' KL by hand: zero at q = p, and 1 / (2 s^2) more for one mean moved to 1.
+TEST(VaeNetwork, BayesianDecoderKlByHand) {
+  Architecture a{3, {2}, 1, Likelihood::kBernoulli};
+  a.bayesian_decoder = true;
+  a.prior_scale = 0.5;
+  const Layout layout(a);
+  std::vector<double> p(static_cast<std::size_t>(layout.n_params), 0.0);
+  for (const Dense& d : layout.decoder) {
+    for (int j = 0; j < d.in * d.out; ++j) p[d.log_sigma_w + j] = std::log(0.5);
+    for (int j = 0; j < d.out; ++j) p[d.log_sigma_b + j] = std::log(0.5);
+  }
+  std::vector<double> eps(p.size(), 0.0), g(p.size(), 0.0);
+  EXPECT_NEAR(decoder_kl_backward(layout, p.data(), eps.data(), 1.0, g.data()), 0.0, 1e-14);
+  p[layout.decoder.back().w + 1] = 1.0;
+  std::fill(g.begin(), g.end(), 0.0);
+  EXPECT_NEAR(decoder_kl_backward(layout, p.data(), eps.data(), 1.0, g.data()), 2.0, 1e-14);
+  EXPECT_NEAR(g[layout.decoder.back().w + 1], 4.0, 1e-14);  // mu / s^2
+}
+
 // The full posterior's ELBO term by term at one sample: z = mu + L eps with
 // L = M (.) L' + diag(sigma), the KL of N(mu, L L^T) from N(0, I) in closed form (Dense Eigen
 // algebra here, independent of the network's loops), and the Gaussian log-likelihood of the

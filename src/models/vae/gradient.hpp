@@ -24,6 +24,9 @@ class GradientFit {
   struct Workspace {
     Network<float> net;
     Mat<float> x, eps;
+    // A Bayesian decoder's draw of the weights for step `sampled_step` and its noise.
+    std::vector<float> sampled, weight_eps;
+    std::int64_t sampled_step = -1;
   };
 
   // data: D x N, all rows; params: the initial parameters (layout.n_params).
@@ -35,7 +38,7 @@ class GradientFit {
         samples_(samples),
         seed_(seed) {}
 
-  Workspace make_workspace() const { return {Network<float>(*layout_), {}, {}}; }
+  Workspace make_workspace() const { return {Network<float>(*layout_), {}, {}, {}, {}, -1}; }
   ParamVec& params() { return params_; }
   // Batch norm's running statistics (empty without batch norm).
   const std::vector<double>& running() const { return running_; }
@@ -59,7 +62,25 @@ class GradientFit {
   double block(Workspace& ws, std::span<const std::int64_t> rows, std::int64_t step,
                float* grad) const {
     load_block(ws, rows, step);
-    return ws.net.run(params_.data(), ws.x, ws.eps, samples_, grad);
+    if (!layout_->arch.bayesian_decoder)
+      return ws.net.run(params_.data(), ws.x, ws.eps, samples_, grad);
+    // One draw of the decoder's weights per step, the same in every workspace (keyed by step).
+    if (ws.sampled_step != step) {
+      sample_decoder(*layout_, params_.data(), seed_, static_cast<std::uint32_t>(step), ws.sampled,
+                     ws.weight_eps);
+      ws.sampled_step = step;
+    }
+    const double f = ws.net.run(ws.sampled.data(), ws.x, ws.eps, samples_, grad);
+    const double frac = static_cast<double>(rows.size()) / static_cast<double>(data_->cols());
+    const double kl =
+        decoder_kl_backward(*layout_, params_.data(), ws.weight_eps.data(), frac, grad);
+    return f - frac * kl;
+  }
+  // The weights' KL(q(w) || p(w)) at the current parameters (0 without a Bayesian decoder).
+  double decoder_kl() const {
+    if (!layout_->arch.bayesian_decoder) return 0;
+    std::vector<float> g(params_.size(), 0.0f), eps(params_.size(), 0.0f);
+    return decoder_kl_backward(*layout_, params_.data(), eps.data(), 0.0, g.data());
   }
   double global_term(float*) const { return 0; }
 

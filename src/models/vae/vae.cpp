@@ -54,6 +54,7 @@ Layout::Layout(const Architecture& a) : arch(a) {
       throw Error("the convolutional VAE needs images of C x H x W = " +
                   std::to_string(a.input_dim) + " values");
     if (!a.hidden.empty()) throw Error("a convolutional VAE has no --hidden layers");
+    if (a.bayesian_decoder) throw Error("--bayesian-decoder applies to --arch mlp only");
     auto add_bn = [&](const std::string& name, int channels, int positions) {
       BatchNormLayer b;
       b.name = name;
@@ -144,6 +145,16 @@ Layout::Layout(const Architecture& a) : arch(a) {
     add(decoder, {"decoder/logits"}, {a.input_dim}, in);
   else
     add(decoder, {"decoder/mean", "decoder/logvar"}, {a.input_dim, a.input_dim}, in);
+  if (a.bayesian_decoder) {
+    if (!(a.prior_scale > 0) || !std::isfinite(a.prior_scale))
+      throw Error("--prior-scale must be > 0");
+    // After every mean, so that the means keep the deterministic network's layout.
+    for (Dense& d : decoder) {
+      d.log_sigma_w = n_params;
+      d.log_sigma_b = aligned(n_params + static_cast<std::int64_t>(d.in) * d.out);
+      n_params = aligned(d.log_sigma_b + d.out);
+    }
+  }
 }
 
 std::vector<const Dense*> Layout::layers() const {
@@ -182,6 +193,12 @@ ParamVec xavier_init(const Layout& layout, std::uint64_t seed) {
     }
   for (const BatchNormLayer& b : layout.batch_norm)
     std::fill_n(p.begin() + b.gamma, b.channels, 1.0f);
+  for (const Dense& d : layout.decoder)
+    if (d.log_sigma_w >= 0) {
+      std::fill_n(p.begin() + d.log_sigma_w, static_cast<std::int64_t>(d.in) * d.out,
+                  kInitialLogSigma);
+      std::fill_n(p.begin() + d.log_sigma_b, d.out, kInitialLogSigma);
+    }
   return p;
 }
 

@@ -10,6 +10,7 @@
 // All parameters live in one contiguous buffer, gradients in another of the same layout, so that
 // the data-parallel driver reduces one buffer per step.
 #include <Eigen/Core>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "core/error.hpp"
 #include "core/gradient_sum.hpp"
+#include "core/rng.hpp"
 #include "engine/optimizer.hpp"
 #include "models/vae/conv.hpp"
 #include "models/vae/layers.hpp"
@@ -47,6 +49,11 @@ struct Architecture {
   // ReLU and batch normalisation, then a dense layer to the posterior's parameters; the decoder
   // mirrors it (a dense layer back to the last feature map, ReLU and batch norm, then transposed
   // convolutions). Empty: the MLP. `hidden` is unused by a convolutional architecture.
+  // The fully Bayesian decoder (Kingma & Welling 2014, appendix F): a mean-field Gaussian
+  // q(w) = N(mu, sigma^2) over every decoder weight and bias, with the prior N(0, prior_scale^2);
+  // MLP only.
+  bool bayesian_decoder = false;
+  double prior_scale = 1.0;
   std::vector<int> channels{};
   int image_channels = 1, height = 0, width = 0;  // input_dim = image_channels height width
   bool conv() const { return !channels.empty(); }
@@ -61,6 +68,9 @@ struct Dense {
   std::vector<int> rows;  // per part; they sum to out
   int in = 0, out = 0;
   std::int64_t w = 0, b = 0;
+  // A Bayesian decoder's layers: log sigma of W and of b, in W's and b's layouts (-1: none). The
+  // means are at w and b.
+  std::int64_t log_sigma_w = -1, log_sigma_b = -1;
 };
 
 // Parameter and gradient buffers: aligned to Eigen's largest packet (64 bytes with AVX-512).
@@ -131,6 +141,28 @@ struct Layout {
 ParamVec xavier_init(const Layout& layout, std::uint64_t seed);
 // The running statistics before training: means 0, variances 1.
 std::vector<double> initial_running(const Layout& layout);
+
+// A Bayesian decoder's log sigma at the start: the fit starts near the deterministic network.
+inline constexpr float kInitialLogSigma = -6.0f;
+
+// The Bayesian decoder's weights for one step (Blundell et al. 2015, section 3.2's
+// reparameterisation, one draw per minibatch): sampled = params, except w = mu + exp(log sigma) eps
+// for every decoder weight and bias, with eps keyed by (seed, parameter index, step)
+// (Stream::kVaeWeights), so every rank and thread draws the same weights. eps is written at the
+// means' indices (n_params entries).
+template <class T>
+void sample_decoder(const Layout& layout, const T* params, std::uint64_t seed, std::uint32_t step,
+                    std::vector<T>& sampled, std::vector<T>& eps);
+
+// Given grad = dL/d(sampled parameters) of L = -sum_b ELBO over a block, turns the decoder's
+// entries into dL/dmu (unchanged) and dL/dlog sigma = dL/dw eps sigma, and adds the block's share
+// `frac` = |block| / N of the weights' KL(q(w) || N(0, s^2)):
+//   KL = sum_j log(s / sigma_j) + (sigma_j^2 + mu_j^2) / (2 s^2) - 1/2,
+// with gradients mu_j / s^2 and sigma_j^2 / s^2 - 1. Over an epoch the shares sum to the KL once
+// (Blundell et al. 2015, section 3.4's KL re-weighting with pi = |block| / N). Returns the KL.
+template <class T>
+double decoder_kl_backward(const Layout& layout, const T* params, const T* eps, double frac,
+                           T* grad);
 
 // The optimiser (engine/optimizer.hpp: Adam, Kingma & Ba 2015) and the exact sum of the blocks'
 // gradients (core/gradient_sum.hpp) are the gradient driver's; the names stay visible here.
@@ -745,6 +777,53 @@ double Network<T>::stage(const T* p, int k, const Mat<T>& x, const Mat<T>& eps, 
     backward_op(p, pc_, x, eps, s, grad);
   }
   return objective_;
+}
+
+// ---- the Bayesian decoder ----
+
+template <class T>
+void sample_decoder(const Layout& layout, const T* params, std::uint64_t seed, std::uint32_t step,
+                    std::vector<T>& sampled, std::vector<T>& eps) {
+  sampled.assign(params, params + layout.n_params);
+  eps.assign(static_cast<std::size_t>(layout.n_params), T(0));
+  const CounterRng rng(seed, Stream::kVaeWeights);
+  auto draw = [&](std::int64_t mean, std::int64_t log_sigma, std::int64_t count) {
+    for (std::int64_t j = 0; j < count; ++j) {
+      const std::int64_t g = mean + j;  // the key: the mean's parameter index
+      const T e = static_cast<T>(rng.normal2(static_cast<std::uint64_t>(g / 2), step)[g % 2]);
+      eps[g] = e;
+      sampled[g] = params[g] + std::exp(params[log_sigma + j]) * e;
+    }
+  };
+  for (const Dense& d : layout.decoder) {
+    if (d.log_sigma_w < 0) continue;
+    draw(d.w, d.log_sigma_w, static_cast<std::int64_t>(d.in) * d.out);
+    draw(d.b, d.log_sigma_b, d.out);
+  }
+}
+
+template <class T>
+double decoder_kl_backward(const Layout& layout, const T* params, const T* eps, double frac,
+                           T* grad) {
+  const double s2 = layout.arch.prior_scale * layout.arch.prior_scale;
+  const double log_s = std::log(layout.arch.prior_scale);
+  double kl = 0;
+  auto one = [&](std::int64_t mean, std::int64_t log_sigma, std::int64_t count) {
+    for (std::int64_t j = 0; j < count; ++j) {
+      const double mu = params[mean + j], ls = params[log_sigma + j], sigma2 = std::exp(2 * ls);
+      kl += log_s - ls + (sigma2 + mu * mu) / (2 * s2) - 0.5;
+      const double dw = grad[mean + j];
+      grad[log_sigma + j] =
+          static_cast<T>(dw * eps[mean + j] * std::exp(ls) + frac * (sigma2 / s2 - 1));
+      grad[mean + j] = static_cast<T>(dw + frac * mu / s2);
+    }
+  };
+  for (const Dense& d : layout.decoder) {
+    if (d.log_sigma_w < 0) continue;
+    one(d.w, d.log_sigma_w, static_cast<std::int64_t>(d.in) * d.out);
+    one(d.b, d.log_sigma_b, d.out);
+  }
+  return kl;
 }
 
 }  // namespace caviar::vae
