@@ -35,7 +35,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -118,29 +117,9 @@ def torch_main(a):
         x_test = torch.from_numpy(np.asarray(f["test/images"], dtype=np.float32))
     n = x_train.shape[0]
     model = build_model(x_train.shape[1], a.channels, a.latent)
-    opt = torch.optim.Adam(model.parameters(), lr=a.lr)
-    train_seconds, trace = 0.0, []
-    for epoch in range(1, a.epochs + 1):
-        t0 = time.perf_counter()
-        perm = torch.randperm(n)
-        total = 0.0
-        model.train()
-        for b in range(0, n, a.batch_size):
-            xb = x_train[perm[b:b + a.batch_size]]
-            opt.zero_grad(set_to_none=True)
-            elbo = model.elbo_sum(xb)
-            (-elbo / xb.shape[0]).backward()
-            opt.step()
-            total += float(elbo)
-        dt = time.perf_counter() - t0
-        train_seconds += dt
-        model.eval()
-        with torch.no_grad():
-            test = sum(float(model.elbo_sum(x_test[b:b + 1000]))
-                       for b in range(0, len(x_test), 1000)) / len(x_test)
-        trace.append(test)
-        print(f"torch x{a.threads} epoch {epoch:3d}/{a.epochs}  train elbo {total / n:10.3f}  "
-              f"test elbo {test:10.3f}  {dt:7.2f}s", file=sys.stderr, flush=True)
+    sys.path.insert(0, str(HERE))
+    from vae_vs_torch import train_epochs  # the training loop both benchmarks share
+    train_seconds, trace = train_epochs(model, x_train, x_test, a, f"torch x{a.threads}")
     params = {k: list(v.shape) for k, v in model.state_dict().items()
               if not k.endswith("num_batches_tracked")}
     print(json.dumps({"peer": "torch", "version": torch.__version__, "threads": a.threads,

@@ -42,24 +42,12 @@ class Vae(nn.Module):
         return loglik - kl
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True, help="FILE.h5 from `caviar prep fashion-mnist`")
-    p.add_argument("--hidden", type=int, default=400)
-    p.add_argument("--latent", type=int, default=20)
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(a.seed)
-    with h5py.File(a.data, "r") as f:
-        x_train = torch.from_numpy(np.asarray(f["train/images"], dtype=np.float32))
-        x_test = torch.from_numpy(np.asarray(f["test/images"], dtype=np.float32))
+def train_epochs(model, x_train, x_test, a, label):
+    """Adam(a.lr) on the mean negative ELBO over minibatches of a.batch_size rows in a fresh
+    permutation each epoch, for a.epochs epochs; the test ELBO (evaluation mode) after each.
+    Returns the training passes' seconds and the test ELBO per epoch. Shared with
+    bench/cvae_vs_torch.py."""
     n = x_train.shape[0]
-    model = Vae(x_train.shape[1], a.hidden, a.latent)
     opt = torch.optim.Adam(model.parameters(), lr=a.lr)
     train_seconds, trace = 0.0, []
     for epoch in range(1, a.epochs + 1):
@@ -76,12 +64,34 @@ def main():
             total += float(elbo)
         dt = time.perf_counter() - t0
         train_seconds += dt
+        model.eval()
         with torch.no_grad():
             test = sum(float(model.elbo_sum(x_test[b:b + 1000]))
                        for b in range(0, len(x_test), 1000)) / len(x_test)
         trace.append(test)
-        print(f"torch epoch {epoch:3d}/{a.epochs}  train elbo {total / n:10.3f}  "
+        print(f"{label} epoch {epoch:3d}/{a.epochs}  train elbo {total / n:10.3f}  "
               f"test elbo {test:10.3f}  {dt:7.2f}s", file=sys.stderr, flush=True)
+    return train_seconds, trace
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", required=True, help="FILE.h5 from `caviar prep fashion-mnist`")
+    p.add_argument("--hidden", type=int, default=400)
+    p.add_argument("--latent", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    with h5py.File(a.data, "r") as f:
+        x_train = torch.from_numpy(np.asarray(f["train/images"], dtype=np.float32))
+        x_test = torch.from_numpy(np.asarray(f["test/images"], dtype=np.float32))
+    model = Vae(x_train.shape[1], a.hidden, a.latent)
+    train_seconds, trace = train_epochs(model, x_train, x_test, a, f"torch x{a.threads}")
     print(json.dumps({"peer": "torch", "version": torch.__version__, "threads": a.threads,
                       "seconds_per_epoch": train_seconds / a.epochs, "test_elbo": trace[-1],
                       "epochs": a.epochs}))
