@@ -145,6 +145,15 @@ struct GradientTimes {
   double local = 0, reduce = 0, update = 0;
 };
 
+// Local block lb's rows of step s (global row indices, positions of the epoch's order).
+inline std::span<const std::int64_t> block_rows(const StepBlocks& s, const GradientBuffers& buf,
+                                                const std::vector<std::int64_t>& order,
+                                                std::int64_t lb) {
+  const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
+  const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
+  return {order.data() + r0, static_cast<std::size_t>(rn)};
+}
+
 // The step's exact reduction of the blocks' gradients and objectives, and the update.
 template <GradientModel M>
 double finish_step(M& model, Optimizer& opt, GradientBuffers& buf, const GradientRun& run,
@@ -179,12 +188,10 @@ void staged_blocks(M& model, const Comm& comm, GradientBuffers& buf,
     const std::size_t m = k < n_red ? model.reduction_size(k) : 0;
     local.assign(static_cast<std::size_t>(n_local) * m, 0.0);
     parallel_blocks(n_local, 1, max_threads(), [&](int, std::int64_t lb, std::int64_t) {
-      const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
-      const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
       float* gb = buf.grads.data() + lb * buf.np;
-      const std::span<const std::int64_t> rows(order.data() + r0, static_cast<std::size_t>(rn));
-      const double f = model.stage(ws[static_cast<std::size_t>(lb)], k, rows, t, combined,
-                                   std::span<double>(local.data() + lb * m, m), gb);
+      const double f =
+          model.stage(ws[static_cast<std::size_t>(lb)], k, block_rows(s, buf, order, lb), t,
+                      combined, std::span<double>(local.data() + lb * m, m), gb);
       if (k == n_red) {
         buf.block_f[lb] = f;
         buf.block_max[lb] = max_abs(gb, buf.np);
@@ -214,15 +221,12 @@ double gradient_step(M& model, Optimizer& opt, GradientBuffers& buf,
       return finish_step(model, opt, buf, run, s, epoch, st, times);
     }
   }
-  parallel_blocks(
-      s.lb1 - s.lb0, 1, static_cast<int>(ws.size()), [&](int th, std::int64_t lb, std::int64_t) {
-        const std::int64_t r0 = s.b0 + (s.lb0 + lb) * buf.m_rows;
-        const std::int64_t rn = std::min(buf.m_rows, s.b0 + s.bn - r0);
-        float* gb = buf.grads.data() + lb * buf.np;
-        const std::span<const std::int64_t> rows(order.data() + r0, static_cast<std::size_t>(rn));
-        buf.block_f[lb] = model.block(ws[th], rows, t, gb);
-        buf.block_max[lb] = max_abs(gb, buf.np);
-      });
+  parallel_blocks(s.lb1 - s.lb0, 1, static_cast<int>(ws.size()),
+                  [&](int th, std::int64_t lb, std::int64_t) {
+                    float* gb = buf.grads.data() + lb * buf.np;
+                    buf.block_f[lb] = model.block(ws[th], block_rows(s, buf, order, lb), t, gb);
+                    buf.block_max[lb] = max_abs(gb, buf.np);
+                  });
   times.local += local.seconds();
   return finish_step(model, opt, buf, run, s, epoch, st, times);
 }
