@@ -100,9 +100,17 @@ void add_train_command(CLI::App* vae, Context& ctx) {
   engine::add_checkpoint_options(train, o->checkpoint, o->checkpoint_every, o->resume,
                                  "epochs; a time is taken at the next step boundary",
                                  "with --checkpoint, 1: every epoch's end");
-  train->callback([&ctx, o, hidden, channels] {
+  train->callback([&ctx, o, hidden, channels, train] {
     ctx.stop_signals = true;  // checkpoints on SIGTERM/SIGUSR1
-    ctx.action = [&ctx, o, hidden, channels] {
+    // Each architecture's shape flags, refused for the other rather than silently ignored.
+    const bool conv_flags = train->count("--channels") > 0 || train->count("--image") > 0;
+    ctx.action = [&ctx, o, hidden, channels, conv_flags,
+                  hidden_given = train->count("--hidden") > 0] {
+      if (o->arch == "conv" && hidden_given)
+        throw Error(
+            "--hidden applies to --arch mlp (a convolutional VAE's layers are set by --channels)");
+      if (o->arch == "mlp" && conv_flags)
+        throw Error("--channels and --image apply to --arch conv");
       o->hidden = parse_widths(*hidden, "--hidden");
       o->channels = parse_widths(*channels, "--channels");
       o->command = ctx.command_line;
