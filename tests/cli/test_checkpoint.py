@@ -28,8 +28,10 @@ delay that depends on the machine's load, so a fixed-length run could end first.
     a resume from the last one reproduces the reference.
 
 Mode `vae`: the same for `caviar vae train` (Gaussian likelihood on the same data), six trials
-alternating SIGTERM to the job and SIGUSR1 to mpirun (until the signal, as above); the
-checkpoint is taken mid-epoch.
+alternating SIGTERM to the job and SIGUSR1 to mpirun (until the signal, as above), and four of
+the convolutional VAE (`--arch conv`, batch norm, on 6 x 6 images), whose checkpoint must also
+carry batch norm's running statistics. Checkpoints are taken mid-epoch: each model's stops must
+include at least one that is not at an epoch boundary.
 
 usage: test_checkpoint.py CAVIAR_BIN WORKDIR [trials [N] | exit-codes | vae]
 """
@@ -66,6 +68,15 @@ def main():
     x = centres[rng.integers(0, k, n)] + rng.normal(size=(n, d))
     with h5py.File(p("data.h5"), "w") as f:
         f["X"] = x
+    if mode == "vae":
+        # 6 x 6 images of a bright 2 x 2 square at one of 25 places, with noise: for --arch conv.
+        m = 4000
+        img = rng.normal(0, 0.1, size=(m, 6, 6))
+        at = rng.integers(0, 5, size=(m, 2))
+        for i in range(m):
+            img[i, at[i, 0]:at[i, 0] + 2, at[i, 1]:at[i, 1] + 2] += 1
+        with h5py.File(p("images.h5"), "w") as f:
+            f["X"] = img.reshape(m, 36)
 
     common = ["-k", str(k), "--seed", "5", "--tol", "0"]
     configs = {
@@ -75,16 +86,20 @@ def main():
         "em": common + ["--algorithm", "em"],
         "vae": ["--likelihood", "gaussian", "--hidden", "32", "--latent", "2", "--batch-size", "50",
                 "--seed", "5"],
+        "cvae": ["--arch", "conv", "--channels", "4,8", "--likelihood", "gaussian", "--latent", "2",
+                 "--batch-size", "50", "--seed", "5"],
     }
     # The run length (iterations; SVI and VAE: epochs) of the references and "job" trials.
-    length = {"cavi": 60, "em": 60, "svi": 10, "vae": 8}
+    length = {"cavi": 60, "em": 60, "svi": 10, "vae": 8, "cvae": 8}
+    data = {"cvae": "images.h5"}
+    epoch_rows = {"vae": n, "cvae": 4000}
 
     def fit_cmd(alg, tag, extra=(), ranks=RANKS, iters=None):
         # Shared memory only: one node, and a faster start than probing the network transports.
         launch = mpirun(ranks) + ["--mca", "btl", "self,vader"] if ranks else []
         n_iter = str(iters or length[alg])
-        if alg == "vae":
-            return launch + [caviar, "vae", "train", "--data", p("data.h5") + ":/X"] + configs[alg] + [
+        if alg in ("vae", "cvae"):
+            return launch + [caviar, "vae", "train", "--data", p(data.get(alg, "data.h5")) + ":/X"] + configs[alg] + [
                 "--max-iter", n_iter, "--out", p(f"{tag}_model.h5")] + list(extra)
         return launch + [caviar, "gmm", "fit", "--data", p("data.h5") + ":/X"] + configs[alg] + [
             "--max-iter", n_iter, "--out", p(f"{tag}_model.h5"), "--labels", p(f"{tag}_labels.h5")] + list(extra)
@@ -101,6 +116,8 @@ def main():
     elif mode == "vae":
         plan = [("vae", signal.SIGTERM if i % 2 == 0 else signal.SIGUSR1, "job" if i % 2 == 0 else "mpirun")
                 for i in range(6)]
+        plan += [("cvae", signal.SIGTERM if i % 2 == 0 else signal.SIGUSR1, "job" if i % 2 == 0 else "mpirun")
+                 for i in range(4)]
     else:
         plan = [(a, signal.SIGUSR1, "mpirun") for a in algs]
         plan += [("cavi", signal.SIGTERM, "self"), ("svi", signal.SIGTERM, "self")]
@@ -122,7 +139,7 @@ def main():
     for alg, _, _ in plan:
         # Epoch lines (SVI, VAE) come about 0.1 s apart: wait a random part of an epoch after the
         # line, so that the stop lands anywhere inside the next epoch, not only at its start.
-        slow = alg in ("svi", "vae")
+        slow = alg in ("svi", "vae", "cvae")
         delays.append(pick.uniform(0, 0.5 * refs[alg][2] / refs[alg][0]) if slow else 0.0)
         # After a random progress line, never the last several (the run could finish before the
         # signal lands): iteration lines come fast (1-10 ms apart, and mpirun forwards them in
@@ -186,11 +203,11 @@ def main():
             # SVI: steps done (the model's step count under model/); VAE: optimiser steps done
             # (the gradient driver keeps them under driver/); both keep the epochs done as
             # "iteration". CAVI/EM: the next iteration.
-            where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg == "vae"
+            where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg in ("vae", "cvae")
                                 else "iteration"])
             # Where a run resumed from it can stop a little later: 5 iterations, or 2 epochs.
             stop_at = (where + 5 if alg in ("cavi", "em") else int(f.attrs["iteration"]) + 2)
-        unit = "step" if alg in ("svi", "vae") else "iteration"
+        unit = "step" if alg in ("svi", "vae", "cvae") else "iteration"
         if how == "self":
             return False, [f"ok   trial {trial} ({alg}, one process): {name} after progress line "
                            f"{after}, exit {proc.returncode}, checkpoint at {unit} {where}"], alg, None
@@ -270,6 +287,13 @@ def main():
         if len(s) >= 3 and len(set(s)) < 3:
             print(f"FAIL: the {alg} trials stopped at fewer than 3 distinct points: {s}")
             failures += 1
+    # Mid-epoch: a stop at a step that is not a multiple of the epoch's steps (ceil(N / B)).
+    for alg, s in stops.items():
+        if alg in epoch_rows:
+            per_epoch = -(-epoch_rows[alg] // 50)
+            if all(w % per_epoch == 0 for w in s):
+                print(f"FAIL: every {alg} stop was at an epoch boundary ({per_epoch} steps): {s}")
+                failures += 1
     print(f"stop points: {stops}")
     print(f"{len(plan)} trials: {len(plan) - failures} passed, {failures} failed "
           f"({time.time() - t_start:.1f} s)")
