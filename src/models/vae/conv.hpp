@@ -10,8 +10,11 @@
 //
 // Method: im2col plus one GEMM per layer and batch (Chellapilla, Puri & Simard 2006). The rows of
 // the patch matrix are (image, output position) pairs, its columns (input channel, kernel row,
-// kernel column): one GEMM covers the whole batch, and every output is one dot product computed
-// in a fixed order, so the result does not depend on how a batch is split.
+// kernel column): one GEMM covers the whole block of images. The result is a function of the
+// block's contents and shape alone, which the gradient driver fixes from the batch size and
+// --micro-blocks, never from the rank or thread count. It is not independent of the block size:
+// Eigen's GEMM blocks its rows by panel, so an image's outputs can round differently in a block of
+// another size or at another position (bench/conv_onednn.cpp measured up to 2.7e-7 relative).
 //
 // A transposed convolution is the adjoint of a convolution: with the same weights (PyTorch's
 // ConvTranspose2d.weight is (in, out, kh, kw), which is the adjoint convolution's (out, in, kh,
