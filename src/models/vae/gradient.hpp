@@ -79,8 +79,7 @@ class GradientFit {
   // The weights' KL(q(w) || p(w)) at the current parameters (0 without a Bayesian decoder).
   double decoder_kl() const {
     if (!layout_->arch.bayesian_decoder) return 0;
-    std::vector<float> g(params_.size(), 0.0f), eps(params_.size(), 0.0f);
-    return decoder_kl_backward(*layout_, params_.data(), eps.data(), 0.0, g.data());
+    return decoder_kl_backward<float>(*layout_, params_.data(), nullptr, 0.0, nullptr);
   }
   double global_term(float*) const { return 0; }
 

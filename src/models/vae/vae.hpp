@@ -159,7 +159,8 @@ void sample_decoder(const Layout& layout, const T* params, std::uint64_t seed, s
 // `frac` = |block| / N of the weights' KL(q(w) || N(0, s^2)):
 //   KL = sum_j log(s / sigma_j) + (sigma_j^2 + mu_j^2) / (2 s^2) - 1/2,
 // with gradients mu_j / s^2 and sigma_j^2 / s^2 - 1. Over an epoch the shares sum to the KL once
-// (Blundell et al. 2015, section 3.4's KL re-weighting with pi = |block| / N). Returns the KL.
+// (Blundell et al. 2015, section 3.4's KL re-weighting with pi = |block| / N). Returns the KL;
+// with grad = eps = null, only the KL.
 template <class T>
 double decoder_kl_backward(const Layout& layout, const T* params, const T* eps, double frac,
                            T* grad);
@@ -812,6 +813,7 @@ double decoder_kl_backward(const Layout& layout, const T* params, const T* eps, 
     for (std::int64_t j = 0; j < count; ++j) {
       const double mu = params[mean + j], ls = params[log_sigma + j], sigma2 = std::exp(2 * ls);
       kl += log_s - ls + (sigma2 + mu * mu) / (2 * s2) - 0.5;
+      if (!grad) continue;
       const double dw = grad[mean + j];
       grad[log_sigma + j] =
           static_cast<T>(dw * eps[mean + j] * std::exp(ls) + frac * (sigma2 / s2 - 1));
