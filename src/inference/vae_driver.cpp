@@ -219,6 +219,8 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   if (r.has_attr("bayesian_decoder")) {
     a.bayesian_decoder = ckpt::read_int(r, "bayesian_decoder", 0, 1, bad) == 1;
     a.prior_scale = r.read_double_attr("prior_scale");
+    if (a.bayesian_decoder && (!(a.prior_scale > 0) || !std::isfinite(a.prior_scale)))
+      throw Error(bad + "attribute prior_scale must be a positive number");
   }
   return a;
 }

@@ -173,6 +173,9 @@ def main():
         [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
          "--hidden", "4", "--latent", "1", "--max-iter", "1", "--batch-size", "100",
          "--out", p("vae_model.h5")],
+        [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
+         "--hidden", "4", "--latent", "1", "--max-iter", "1", "--batch-size", "100",
+         "--bayesian-decoder", "--out", p("vae_bayes.h5")],
     ]
     for argv in setup:
         r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
@@ -190,6 +193,10 @@ def main():
         f.move("model/stats", "stats")
         f.attrs["t"] = 3
         f.attrs["epoch"] = 1
+    # A Bayesian-decoder model whose prior scale was edited to a negative number.
+    shutil.copyfile(p("vae_bayes.h5"), p("vae_bayes_bad_prior.h5"))
+    with h5py.File(p("vae_bayes_bad_prior.h5"), "r+") as f:
+        f.attrs["prior_scale"] = -1.0
     # An SVI checkpoint whose model's step count is no whole number.
     shutil.copyfile(p("ck_svi.h5"), p("ck_svi_steps.h5"))
     with h5py.File(p("ck_svi_steps.h5"), "r+") as f:
@@ -469,6 +476,7 @@ def main():
         ("vae train --arch mlp: --channels given", 2, [caviar, "vae", "train", "--channels", "8", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--out", out], "--channels and --image apply to --arch conv"),
         ("vae train: --prior-scale 0", 2, [caviar, "vae", "train", "--bayesian-decoder", "--prior-scale", "0", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--out", out], "--prior-scale must be > 0"),
         ("vae score: no importance samples", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good.h5"), "--importance-samples", "0"], "--importance-samples must be >= 1"),
+        ("vae score: a model file whose prior_scale is negative", 2, [caviar, "vae", "score", "--model", p("vae_bayes_bad_prior.h5"), "--data", p("good.h5")], "attribute prior_scale must be a positive number"),
         ("vae score: data of another width", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good3d.h5")], "columns; the model has"),
         ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),
         ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),
