@@ -256,6 +256,8 @@ TEST(VaeNetwork, BayesianDecoderKlByHand) {
   std::fill(g.begin(), g.end(), 0.0);
   EXPECT_NEAR(decoder_kl_backward(layout, p.data(), eps.data(), 1.0, g.data()), 2.0, 1e-14);
   EXPECT_NEAR(g[layout.decoder.back().w + 1], 4.0, 1e-14);  // mu / s^2
+  // The value alone (no gradient buffers), as the model file's decoder_kl is computed.
+  EXPECT_NEAR(decoder_kl_backward<double>(layout, p.data(), nullptr, 0.0, nullptr), 2.0, 1e-14);
 }
 
 // The full posterior's ELBO term by term at one sample: z = mu + L eps with
