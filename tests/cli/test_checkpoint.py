@@ -91,15 +91,15 @@ def main():
     }
     # The run length (iterations; SVI and VAE: epochs) of the references and "job" trials.
     length = {"cavi": 60, "em": 60, "svi": 10, "vae": 8, "cvae": 8}
-    data = {"cvae": "images.h5"}
-    epoch_rows = {"vae": n, "cvae": 4000}
+    vaes = ("vae", "cvae")
+    data = {"vae": "data.h5", "cvae": "images.h5"}
 
     def fit_cmd(alg, tag, extra=(), ranks=RANKS, iters=None):
         # Shared memory only: one node, and a faster start than probing the network transports.
         launch = mpirun(ranks) + ["--mca", "btl", "self,vader"] if ranks else []
         n_iter = str(iters or length[alg])
-        if alg in ("vae", "cvae"):
-            return launch + [caviar, "vae", "train", "--data", p(data.get(alg, "data.h5")) + ":/X"] + configs[alg] + [
+        if alg in vaes:
+            return launch + [caviar, "vae", "train", "--data", p(data[alg]) + ":/X"] + configs[alg] + [
                 "--max-iter", n_iter, "--out", p(f"{tag}_model.h5")] + list(extra)
         return launch + [caviar, "gmm", "fit", "--data", p("data.h5") + ":/X"] + configs[alg] + [
             "--max-iter", n_iter, "--out", p(f"{tag}_model.h5"), "--labels", p(f"{tag}_labels.h5")] + list(extra)
@@ -139,7 +139,7 @@ def main():
     for alg, _, _ in plan:
         # Epoch lines (SVI, VAE) come about 0.1 s apart: wait a random part of an epoch after the
         # line, so that the stop lands anywhere inside the next epoch, not only at its start.
-        slow = alg in ("svi", "vae", "cvae")
+        slow = alg == "svi" or alg in vaes
         delays.append(pick.uniform(0, 0.5 * refs[alg][2] / refs[alg][0]) if slow else 0.0)
         # After a random progress line, never the last several (the run could finish before the
         # signal lands): iteration lines come fast (1-10 ms apart, and mpirun forwards them in
@@ -203,11 +203,11 @@ def main():
             # SVI: steps done (the model's step count under model/); VAE: optimiser steps done
             # (the gradient driver keeps them under driver/); both keep the epochs done as
             # "iteration". CAVI/EM: the next iteration.
-            where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg in ("vae", "cvae")
+            where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg in vaes
                                 else "iteration"])
             # Where a run resumed from it can stop a little later: 5 iterations, or 2 epochs.
             stop_at = (where + 5 if alg in ("cavi", "em") else int(f.attrs["iteration"]) + 2)
-        unit = "step" if alg in ("svi", "vae", "cvae") else "iteration"
+        unit = "step" if alg == "svi" or alg in vaes else "iteration"
         if how == "self":
             return False, [f"ok   trial {trial} ({alg}, one process): {name} after progress line "
                            f"{after}, exit {proc.returncode}, checkpoint at {unit} {where}"], alg, None
@@ -289,8 +289,11 @@ def main():
             failures += 1
     # Mid-epoch: a stop at a step that is not a multiple of the epoch's steps (ceil(N / B)).
     for alg, s in stops.items():
-        if alg in epoch_rows:
-            per_epoch = -(-epoch_rows[alg] // 50)
+        if alg in vaes:
+            with h5py.File(p(data[alg]), "r") as f:
+                rows = f["X"].shape[0]
+            batch = int(configs[alg][configs[alg].index("--batch-size") + 1])
+            per_epoch = -(-rows // batch)
             if all(w % per_epoch == 0 for w in s):
                 print(f"FAIL: every {alg} stop was at an epoch boundary ({per_epoch} steps): {s}")
                 failures += 1
