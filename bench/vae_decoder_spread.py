@@ -24,11 +24,19 @@ import h5py
 import numpy as np
 
 
+_arrays = {}  # each array read from the model file once: every draw reuses the means and sigmas
+
+
 def dense(f, name, draw, rng):
-    w, b = np.asarray(f[name + "/W"]), np.asarray(f[name + "/b"])
+    def get(key):
+        if key not in _arrays:
+            _arrays[key] = np.asarray(f[key])
+        return _arrays[key]
+
+    w, b = get(name + "/W"), get(name + "/b")
     if draw and name + "/W_log_sigma" in f:
-        w = w + np.exp(np.asarray(f[name + "/W_log_sigma"])) * rng.standard_normal(w.shape)
-        b = b + np.exp(np.asarray(f[name + "/b_log_sigma"])) * rng.standard_normal(b.shape)
+        w = w + np.exp(get(name + "/W_log_sigma")) * rng.standard_normal(w.shape)
+        b = b + np.exp(get(name + "/b_log_sigma")) * rng.standard_normal(b.shape)
     return w, b
 
 
