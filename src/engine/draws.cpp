@@ -2,17 +2,96 @@
 
 #include <Eigen/Core>
 #include <limits>
+#include <map>
+#include <utility>
 
-#include "core/gradient_sum.hpp"
+#include "core/error.hpp"
 #include "core/parallel.hpp"
 
 namespace caviar::engine::detail {
 
-DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
-                      const std::vector<std::vector<std::int64_t>>& groups,
-                      std::int64_t n_global_groups,
-                      const std::function<void(std::int64_t, std::span<double>)>& block) {
-  const std::int64_t r = samples * width, n_local = static_cast<std::int64_t>(groups.size());
+namespace {
+
+int tree_top(std::int64_t total) {
+  int top = 0;
+  while ((std::int64_t{1} << top) < total) ++top;
+  return top;
+}
+
+// The maximal tree nodes inside groups [a, b): each is summed by the rank that holds them, and
+// every node above them takes operands from more than one rank.
+std::vector<std::pair<int, std::int64_t>> own_nodes(std::int64_t a, std::int64_t b,
+                                                    std::int64_t total) {
+  const int top = tree_top(total);
+  std::vector<std::pair<int, std::int64_t>> nodes;
+  for (std::int64_t pos = a; pos < b;) {
+    int l = 0;
+    while (l < top && pos % (std::int64_t{2} << l) == 0 &&
+           std::min(pos + (std::int64_t{2} << l), total) <= b)
+      ++l;
+    nodes.emplace_back(l, pos >> l);
+    pos = std::min(pos + (std::int64_t{1} << l), total);
+  }
+  return nodes;
+}
+
+}  // namespace
+
+std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
+                               std::int64_t count, std::int64_t total) {
+  const auto nodes = own_nodes(first, first + count, total);
+  const std::int64_t r = width;
+  std::vector<double> packed(nodes.size() * static_cast<std::size_t>(r + 2));
+  // In place, bottom-up (the left operand keeps the sum), in slices of the values so that threads
+  // share the work without changing any addition.
+  constexpr std::int64_t kSlice = 512;
+  parallel_blocks(r, kSlice, max_threads(), [&](int, std::int64_t c0, std::int64_t c1) {
+    for (std::size_t m = 0; m < nodes.size(); ++m) {
+      const auto [l, i] = nodes[m];
+      const std::int64_t o = (i << l) - first;  // local index of its first group
+      const std::int64_t n = std::min(std::int64_t{1} << l, total - (i << l));
+      for (std::int64_t step = 1; step < n; step *= 2)
+        for (std::int64_t j = 0; j + step < n; j += 2 * step) {
+          double* left = vals + (o + j) * r;
+          const double* right = vals + (o + j + step) * r;
+          for (std::int64_t c = c0; c < c1; ++c) left[c] += right[c];
+        }
+      std::copy(vals + o * r + c0, vals + o * r + c1,
+                packed.data() + m * static_cast<std::size_t>(r + 2) + 2 + c0);
+    }
+  });
+  for (std::size_t m = 0; m < nodes.size(); ++m) {
+    packed[m * static_cast<std::size_t>(r + 2)] = nodes[m].first;
+    packed[m * static_cast<std::size_t>(r + 2) + 1] = static_cast<double>(nodes[m].second);
+  }
+  return packed;
+}
+
+std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
+                              std::int64_t total) {
+  const std::int64_t r = width;
+  if (total == 0) return std::vector<double>(static_cast<std::size_t>(r), 0.0);
+  std::map<std::pair<int, std::int64_t>, const double*> have;
+  for (std::size_t m = 0; m < packed.size(); m += static_cast<std::size_t>(r + 2))
+    have[{static_cast<int>(packed[m]), static_cast<std::int64_t>(packed[m + 1])}] = &packed[m + 2];
+  const std::function<std::vector<double>(int, std::int64_t)> node = [&](int l, std::int64_t i) {
+    if (const auto it = have.find({l, i}); it != have.end())
+      return std::vector<double>(it->second, it->second + r);
+    if (l == 0) throw Error("internal: a group's sums are missing from the draws' reduction");
+    std::vector<double> sum = node(l - 1, 2 * i);
+    if (((2 * i + 1) << (l - 1)) < total) {
+      const std::vector<double> right = node(l - 1, 2 * i + 1);
+      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += right[c];
+    }
+    return sum;
+  };
+  return node(tree_top(total), 0);
+}
+
+DrawSums reduce_draws(
+    const Comm& comm, int samples, std::int64_t width, const Groups& groups,
+    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block) {
+  const std::int64_t r = samples * width, n_local = groups.size();
   // One buffer for every call on this thread, written in full by the blocks: a step's values
   // are megabytes (at N = 1e6 a 1,024-row minibatch is about 1,000 groups of S x W), and a
   // fresh zeroed vector cost a memset and page faults at every step.
@@ -22,75 +101,68 @@ DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
     vals.resize(static_cast<std::size_t>(n_local * r));
   double* const all = vals.data();
   parallel_blocks(n_local, 1, max_threads(), [&](int, std::int64_t k, std::int64_t) {
-    block(k, std::span<double>(all + k * r, static_cast<std::size_t>(r)));
+    block(groups.group(k), std::span<double>(all + k * r, static_cast<std::size_t>(r)));
   });
-  // Per draw, the largest |value| over every group and rank; non-finite as +inf (MPI's max may
-  // drop a NaN). A non-finite draw has no grid: it is dropped on every rank.
-  std::vector<double> dmax(static_cast<std::size_t>(samples), 0.0);
-  for (std::int64_t k = 0; k < n_local; ++k)
-    for (int s = 0; s < samples; ++s) {
-      const Eigen::Map<const Eigen::ArrayXd> v(vals.data() + k * r + s * width, width);
-      double& m = dmax[static_cast<std::size_t>(s)];
-      m = std::max(m, v.allFinite() ? v.abs().maxCoeff() : std::numeric_limits<double>::infinity());
-    }
+  std::vector<double> mine = tree_nodes(all, r, groups.first, n_local, groups.total);
   DrawSums out;
-  const Stopwatch max_watch;
-  comm.allreduce_max(std::span<double>(dmax));
-  out.reduce_seconds += max_watch.seconds();
+  if (comm.size() > 1) {
+    const Stopwatch watch;
+    mine = comm.allgatherv(mine);
+    out.reduce_seconds += watch.seconds();
+  }
+  out.sums = tree_root(mine, r, groups.total);
+  // A non-finite value in any group makes its draw's sum non-finite: that draw has no estimate
+  // and is dropped, the same way on every rank.
   out.kept.assign(static_cast<std::size_t>(samples), 1);
-  double gmax = 0;
   for (int s = 0; s < samples; ++s) {
-    if (std::isfinite(dmax[static_cast<std::size_t>(s)])) {
-      gmax = std::max(gmax, dmax[static_cast<std::size_t>(s)]);
-    } else {
+    const Eigen::Map<const Eigen::ArrayXd> v(out.sums.data() + s * width, width);
+    if (!v.allFinite()) {
       out.kept[static_cast<std::size_t>(s)] = 0;
       ++out.dropped;
     }
   }
-  const int e = fixed_point_exponent(gmax, std::max<std::int64_t>(1, n_global_groups));
-  std::vector<std::int64_t> acc(static_cast<std::size_t>(r), 0);
-  for (std::int64_t k = 0; k < n_local; ++k)
-    for (int s = 0; s < samples; ++s)
-      if (out.kept[static_cast<std::size_t>(s)])
-        add_fixed_point(vals.data() + k * r + s * width, width, e, acc.data() + s * width);
-  const Stopwatch sum_watch;
-  comm.allreduce_sum(std::span<std::int64_t>(acc));
-  out.reduce_seconds += sum_watch.seconds();
-  out.sums.resize(static_cast<std::size_t>(r));
-  from_fixed_point(acc.data(), r, e, 1.0, out.sums.data());
   return out;
 }
 
-std::vector<std::vector<std::int64_t>> minibatch_groups(std::int64_t n, RowRange rows,
-                                                        std::int64_t batch, std::uint64_t seed,
-                                                        std::int64_t t) {
-  // Positions keyed by (seed, step, position): every rank draws the same B, keeps its own.
+Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
+                        std::int64_t t) {
+  // Positions keyed by (seed, step, position): every rank draws the same B, keeps its own, and
+  // counts the blocks of every rank's positions (the groups' global list).
   const CounterRng rng(seed, Stream::kBbviBatch);
-  std::vector<std::int64_t> local;
+  std::vector<std::int64_t> pos;
+  pos.reserve(static_cast<std::size_t>(batch));
   for (std::int64_t b = 0; b < batch; b += 2) {
     const auto u = rng.uniform2(static_cast<std::uint64_t>(b / 2), static_cast<std::uint32_t>(t));
-    for (int k = 0; k < 2 && b + k < batch; ++k) {
-      const auto i = std::min(n - 1, static_cast<std::int64_t>(u[k] * static_cast<double>(n)));
-      if (i >= rows.begin && i < rows.end) local.push_back(i);
+    for (int k = 0; k < 2 && b + k < batch; ++k)
+      pos.push_back(std::min(n - 1, static_cast<std::int64_t>(u[k] * static_cast<double>(n))));
+  }
+  std::sort(pos.begin(), pos.end());
+  Groups g;
+  for (std::size_t i = 0; i < pos.size(); ++i) {
+    const bool fresh = i == 0 || pos[i] / kBlockRows != pos[i - 1] / kBlockRows;
+    if (pos[i] < rows.begin) {
+      g.first += fresh;
+    } else if (pos[i] < rows.end) {
+      if (fresh && !g.rows.empty()) g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
+      g.rows.push_back(pos[i] - rows.begin);
     }
+    g.total += fresh;
   }
-  std::sort(local.begin(), local.end());
-  std::vector<std::vector<std::int64_t>> groups;
-  for (std::size_t i = 0; i < local.size(); ++i) {
-    if (i == 0 || local[i] / kBlockRows != local[i - 1] / kBlockRows) groups.emplace_back();
-    groups.back().push_back(local[i] - rows.begin);
-  }
-  return groups;
+  if (!g.rows.empty()) g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
+  return g;
 }
 
-std::vector<std::vector<std::int64_t>> all_groups(RowRange rows) {
-  std::vector<std::vector<std::int64_t>> groups;
-  for (std::int64_t b = rows.begin; b < rows.end; b += kBlockRows) {
-    groups.emplace_back();
-    for (std::int64_t i = b; i < std::min(rows.end, b + kBlockRows); ++i)
-      groups.back().push_back(i - rows.begin);
+Groups all_groups(std::int64_t n, RowRange rows) {
+  Groups g;
+  g.first = rows.begin / kBlockRows;
+  g.total = (n + kBlockRows - 1) / kBlockRows;
+  for (std::int64_t i = rows.begin; i < rows.end; ++i) {
+    if (i > rows.begin && i % kBlockRows == 0)
+      g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
+    g.rows.push_back(i - rows.begin);
   }
-  return groups;
+  if (!g.rows.empty()) g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
+  return g;
 }
 
 ElboChanges elbo_changes(const std::vector<double>& elbo, std::int64_t window) {
@@ -131,15 +203,13 @@ namespace caviar::engine {
 ElboRows elbo_rows(const Run& run, const DrawSchedule& s) {
   ElboRows e;
   if (s.elbo_rows <= 0 || s.elbo_rows >= run.global_rows) {
-    e.groups = detail::all_groups(run.rows);
-    e.n_global_groups = (run.global_rows + kBlockRows - 1) / kBlockRows;
+    e.groups = detail::all_groups(run.global_rows, run.rows);
     return e;
   }
   // Step 2^32 - 1 of the minibatch stream: beyond any optimiser step (--max-iter is an int).
   constexpr std::int64_t kElboRowsStep = 0xFFFFFFFF;
   e.groups =
       detail::minibatch_groups(run.global_rows, run.rows, s.elbo_rows, s.seed, kElboRowsStep);
-  e.n_global_groups = s.elbo_rows;
   e.scale = static_cast<double>(run.global_rows) / static_cast<double>(s.elbo_rows);
   return e;
 }

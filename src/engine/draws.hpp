@@ -12,15 +12,18 @@
 //                  thread computes each group.
 //     block          model.block(rows, out): per draw, W values summed over the group's rows
 //                    (the log-likelihood, and for reparameterisation its gradient in theta)
-//     drop           a draw with a non-finite value in any group (one max allreduce per draw)
-//                    is dropped on every rank and counted; more than half of the S in one step
+//     sum            the groups' values summed pairwise over a fixed tree of the pass's groups
+//                    in their global order (detail::tree_nodes): each rank sums the largest
+//                    subtrees among its own groups, one allgather sends those O(log G) nodes,
+//                    every rank adds the rest of the tree the same way: the sums are independent
+//                    of ranks and threads
+//     drop           a draw whose sum is not finite (a non-finite value in any group) is
+//                    dropped on every rank and counted; more than half of the S in one step
 //                    stops the fit
-//     exact sum      every group's values in int64 fixed point on one grid (core/gradient_sum.hpp)
-//                    in one integer allreduce: the sums are independent of ranks and threads
 //     update         model.gradient(sums, kept, N / B, g): the gradient of -ELBO in lambda,
 //                    computed identically on every rank; the optimiser's step (double)
-//   every E steps  the ELBO estimate with the model's separate ELBO draws, summed exactly the
-//                  same way, over every row, or with elbo_rows = M < N over M positions drawn
+//   every E steps  the ELBO estimate with the model's separate ELBO draws, summed the same
+//                  way, over every row, or with elbo_rows = M < N over M positions drawn
 //                  once (keyed by seed) and scaled by N / M: the same rows at every estimate, so
 //                  the changes that the stopping rule compares are not blurred by a new
 //                  subsample each time, and the cost stays M rows, not N. Stop, as Stan's ADVI does
@@ -72,28 +75,55 @@ struct DrawResult : RunResult {
   std::int64_t dropped = 0;  // non-finite draws dropped (gradient steps and ELBO estimates)
 };
 
+// A pass's groups: this rank's rows grouped by kBlockRows block (local indices, block by block,
+// in CSR form), and where they sit in the list of every rank's groups, which does not depend on
+// the rank count (shards are whole blocks, core/partition.hpp).
+struct Groups {
+  std::vector<std::int64_t> rows;        // local rows, group after group
+  std::vector<std::int64_t> offsets{0};  // group k: rows[offsets[k], offsets[k + 1])
+  std::int64_t first = 0;                // the global index of this rank's first group
+  std::int64_t total = 0;                // groups over every rank
+  std::int64_t size() const { return static_cast<std::int64_t>(offsets.size()) - 1; }
+  std::span<const std::int64_t> group(std::int64_t k) const {
+    return {rows.data() + offsets[static_cast<std::size_t>(k)],
+            static_cast<std::size_t>(offsets[static_cast<std::size_t>(k) + 1] -
+                                     offsets[static_cast<std::size_t>(k)])};
+  }
+};
+
 namespace detail {
 
-// Collective: per-draw sums over `groups` (each a list of local rows, one kBlockRows block's),
-// exact over ranks and threads; kept[s] = 0 for a draw non-finite anywhere. n_global_groups bounds
-// the number of groups over all ranks (for the fixed-point grid).
+// Collective: per-draw sums over every rank's groups, the same bits at any rank and thread count;
+// kept[s] = 0 for a draw whose sum is not finite.
 struct DrawSums {
   std::vector<double> sums;
   std::vector<std::uint8_t> kept;
   int dropped = 0;
-  double reduce_seconds = 0;  // in the two allreduces, waiting for other ranks included
+  double reduce_seconds = 0;  // in the allgather, waiting for other ranks included
 };
-DrawSums reduce_draws(const Comm& comm, int samples, std::int64_t width,
-                      const std::vector<std::vector<std::int64_t>>& groups,
-                      std::int64_t n_global_groups,
-                      const std::function<void(std::int64_t, std::span<double>)>& block);
+DrawSums reduce_draws(
+    const Comm& comm, int samples, std::int64_t width, const Groups& groups,
+    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block);
+
+// The sum tree over a pass's groups (Groups::total of them, G): node (l, i) holds the sum of
+// groups [i 2^l, min((i + 1) 2^l, G)), which is node (l - 1, 2i) + node (l - 1, 2i + 1), or node
+// (l - 1, 2i) alone where the right half is empty, element by element; the root is (top, 0),
+// 2^top >= G. Every sum in it is one double addition of fixed operands, so the root's bits
+// depend on the groups' values alone, not on which rank or thread added what (pairwise
+// summation: Higham 1993), and a rank sends O(log G) nodes, not its G / p groups.
+//   tree_nodes  the largest nodes inside groups [first, first + count) (vals: their W values
+//               each, consumed), packed as [l, i, W values] one after another
+//   tree_root   the root from every rank's packed nodes
+std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
+                               std::int64_t count, std::int64_t total);
+std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
+                              std::int64_t total);
 
 // Step t's minibatch on this rank: positions inside `rows`, as local indices grouped by block.
-std::vector<std::vector<std::int64_t>> minibatch_groups(std::int64_t n, RowRange rows,
-                                                        std::int64_t batch, std::uint64_t seed,
-                                                        std::int64_t t);
-// Every local row, grouped by block.
-std::vector<std::vector<std::int64_t>> all_groups(RowRange rows);
+Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
+                        std::int64_t t);
+// Every local row, grouped by block (n: the rows over every rank).
+Groups all_groups(std::int64_t n, RowRange rows);
 
 // A checkpoint's steps done (driver/steps_done), checked against --max-iter.
 std::int64_t steps_done(const StateReader& r, std::int64_t max_iter);
@@ -112,32 +142,27 @@ bool elbo_diverging(const std::vector<double>& elbo, std::int64_t window);
 
 }  // namespace detail
 
-// Collective: a pass over the rows of `groups` (local, by block) with the model's draws (kind,
-// t); n_global_groups bounds the number of groups over all ranks.
+// Collective: a pass over the rows of `groups` with the model's draws (kind, t).
 template <DrawModel M>
 detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
-                             const std::vector<std::vector<std::int64_t>>& groups,
-                             std::int64_t n_global_groups) {
+                             const Groups& groups) {
   model.set_draws(kind, t);
-  return detail::reduce_draws(comm, model.n_draws(), model.width(), groups, n_global_groups,
-                              [&](std::int64_t g, std::span<double> out) {
-                                model.block(groups[static_cast<std::size_t>(g)], out);
-                              });
+  return detail::reduce_draws(
+      comm, model.n_draws(), model.width(), groups,
+      [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); });
 }
 
 // Collective: a full pass over every rank's rows with the model's draws (kind, t).
 template <DrawModel M>
 detail::DrawSums full_pass(const Comm& comm, M& model, const Run& run, DrawKind kind,
                            std::int64_t t) {
-  return groups_pass(comm, model, kind, t, detail::all_groups(run.rows),
-                     (run.global_rows + kBlockRows - 1) / kBlockRows);
+  return groups_pass(comm, model, kind, t, detail::all_groups(run.global_rows, run.rows));
 }
 
 // The rows of the ELBO estimates: every row, or elbo_rows positions drawn once with the
 // minibatches' stream at a step no fit reaches; the scale of their log-likelihood sums.
 struct ElboRows {
-  std::vector<std::vector<std::int64_t>> groups;
-  std::int64_t n_global_groups = 0;
+  Groups groups;
   double scale = 1;
 };
 ElboRows elbo_rows(const Run& run, const DrawSchedule& s);
@@ -184,13 +209,8 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     boundary(t);
     const auto groups =
         detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
-    model.set_draws(DrawKind::kGradient, t);
     const detail::Stopwatch local;
-    const detail::DrawSums d = detail::reduce_draws(
-        comm, model.n_draws(), model.width(), groups, std::min(sc.batch_size, run.global_rows),
-        [&](std::int64_t k, std::span<double> out) {
-          model.block(groups[static_cast<std::size_t>(k)], out);
-        });
+    const detail::DrawSums d = groups_pass(comm, model, DrawKind::kGradient, t, groups);
     local_seconds += local.seconds() - d.reduce_seconds;
     reduce_seconds += d.reduce_seconds;
     res.dropped += d.dropped;
@@ -203,8 +223,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     opt.update(lambda.data(), g.data(), 0, static_cast<std::int64_t>(lambda.size()));
     res.steps = t + 1;
     if ((t + 1) % sc.elbo_every != 0 && t + 1 != run.stop.max_iter) continue;
-    const detail::DrawSums e =
-        groups_pass(comm, model, DrawKind::kElbo, t + 1, er.groups, er.n_global_groups);
+    const detail::DrawSums e = groups_pass(comm, model, DrawKind::kElbo, t + 1, er.groups);
     res.dropped += e.dropped;
     const double f = model.elbo(e.sums, e.kept, er.scale);
     if (!std::isfinite(f))

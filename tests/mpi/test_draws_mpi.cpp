@@ -1,0 +1,111 @@
+// The draws driver's reduction (engine/draws.hpp): per-draw sums over kBlockRows groups of sharded
+// rows, the same bits at every rank and thread count, for a full pass and for sparse minibatches,
+// and close to the exact sum.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "comm/comm.hpp"
+#include "core/partition.hpp"
+#include "engine/draws.hpp"
+
+namespace caviar::engine {
+namespace {
+
+constexpr int kSamples = 3;
+constexpr std::int64_t kWidth = 5;
+
+// Row n's value for (draw s, entry j): a function of the global row only, over many binades and
+// both signs, so that the order of additions shows in the last bits.
+double value(std::int64_t n, int s, std::int64_t j) {
+  // The argument is an integer times one constant: one rounding, whatever the compiler contracts.
+  const double u = std::sin(0.01 * static_cast<double>((n * 61 + s * 170 + j * 30) % 100003));
+  return std::ldexp(u, static_cast<int>((n * 11 + s * 5 + j * 3) % 40) - 20);
+}
+
+// A group's values: its rows' values summed in row order (what a model's block() does).
+void block(std::int64_t begin, std::span<const std::int64_t> rows, std::span<double> out) {
+  std::fill(out.begin(), out.end(), 0.0);
+  for (const std::int64_t r : rows)
+    for (int s = 0; s < kSamples; ++s)
+      for (std::int64_t j = 0; j < kWidth; ++j)
+        out[std::size_t(s * kWidth + j)] += value(begin + r, s, j);
+}
+
+// The groups' sums on one process: every group of every rank, in global order.
+std::vector<double> serial(std::int64_t n, const std::function<Groups(RowRange)>& groups_of) {
+  const Groups g = groups_of({0, n});
+  std::vector<double> vals(static_cast<std::size_t>(g.size() * kSamples * kWidth));
+  for (std::int64_t k = 0; k < g.size(); ++k)
+    block(0, g.group(k), {vals.data() + k * kSamples * kWidth, std::size_t(kSamples * kWidth)});
+  const auto nodes = detail::tree_nodes(vals.data(), kSamples * kWidth, 0, g.size(), g.total);
+  return detail::tree_root(nodes, kSamples * kWidth, g.total);
+}
+
+void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& groups_of,
+                      const std::string& what) {
+  const Comm world = Comm::world();
+  const RowRange mine = partition_rows(n, world.size(), world.rank());
+  const Groups g = groups_of(mine);
+  const detail::DrawSums d = detail::reduce_draws(
+      world, kSamples, kWidth, g, [&](std::span<const std::int64_t> rows, std::span<double> out) {
+        block(mine.begin, rows, out);
+      });
+  const std::vector<double> ref = serial(n, groups_of);
+  ASSERT_EQ(d.sums.size(), ref.size());
+  EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
+      << what << " at " << world.size() << " ranks";
+  EXPECT_EQ(d.dropped, 0);
+  // Pairwise summation: within a few ulps of the long double sum of every row's value.
+  const Groups all = groups_of({0, n});
+  for (int s = 0; s < kSamples; ++s)
+    for (std::int64_t j = 0; j < kWidth; ++j) {
+      long double exact = 0, scale = 0;
+      for (const std::int64_t r : all.rows) {
+        exact += value(r, s, j);
+        scale += std::abs(value(r, s, j));
+      }
+      EXPECT_NEAR(d.sums[std::size_t(s * kWidth + j)], static_cast<double>(exact),
+                  1e-14 * static_cast<double>(scale))
+          << what;
+    }
+}
+
+TEST(DrawsMpi, FullPassSumsAreRankInvariant) {
+  // 37 groups (not a power of two) over 1-4 ranks; the last group is short.
+  const std::int64_t n = 36 * kBlockRows + 17;
+  expect_invariant(
+      n, [&](RowRange r) { return detail::all_groups(n, r); }, "full pass");
+}
+
+TEST(DrawsMpi, SparseMinibatchSumsAreRankInvariant) {
+  // Positions drawn with replacement: repeated rows, one-row groups, ranks without any.
+  for (const std::int64_t batch : {1, 7, 300}) {
+    const std::int64_t n = 200 * kBlockRows + 5;
+    for (std::int64_t t = 0; t < 3; ++t)
+      expect_invariant(
+          n, [&](RowRange r) { return detail::minibatch_groups(n, r, batch, 42, t); },
+          "batch " + std::to_string(batch) + " step " + std::to_string(t));
+  }
+}
+
+TEST(DrawsMpi, NonFiniteDrawIsDroppedOnEveryRank) {
+  const Comm world = Comm::world();
+  const std::int64_t n = 9 * kBlockRows;
+  const RowRange mine = partition_rows(n, world.size(), world.rank());
+  const Groups g = detail::all_groups(n, mine);
+  const detail::DrawSums d = detail::reduce_draws(
+      world, kSamples, kWidth, g, [&](std::span<const std::int64_t> rows, std::span<double> out) {
+        block(mine.begin, rows, out);
+        // Draw 1 is NaN in the last block only, which one rank holds.
+        if (mine.begin + rows.back() == n - 1) out[kWidth + 2] = std::nan("");
+      });
+  EXPECT_EQ(d.dropped, 1);
+  EXPECT_EQ(d.kept, (std::vector<std::uint8_t>{1, 0, 1}));
+}
+
+}  // namespace
+}  // namespace caviar::engine
