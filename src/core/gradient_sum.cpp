@@ -24,10 +24,10 @@ void add_fixed(const T* g, std::int64_t n, int exponent, std::int64_t* acc) {
   // every rank, and the integer additions are exact and associative. The caller guarantees that
   // every value is finite and that the exponent comes from their finite maximum
   // (fixed_point_exponent), so scaled values stay below 2^61 and the conversion is defined: the
-  // gradient driver stops with "training diverged" on a non-finite maximum and the draws driver
-  // drops non-finite draws, before summing. Clamping here as well made this loop, the hot part of
-  // the VAE's exact reduction, about twice as slow (0.28 against 0.51-0.68 s per 3.2e8 values,
-  // measured) without reaching any value the callers let through.
+  // gradient driver stops with "training diverged" on a non-finite maximum, before summing.
+  // Clamping here as well made this loop, the hot part of the VAE's exact reduction, about twice as
+  // slow (0.28 against 0.51-0.68 s per 3.2e8 values, measured) without reaching any value the
+  // callers let through.
   for (std::int64_t i = 0; i < n; ++i)
     acc[i] += static_cast<std::int64_t>(static_cast<double>(g[i]) * scale);
 }
@@ -42,15 +42,8 @@ void from_fixed(const std::int64_t* acc, std::int64_t n, int exponent, double di
 void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t* acc) {
   add_fixed(g, n, exponent, acc);
 }
-void add_fixed_point(const double* g, std::int64_t n, int exponent, std::int64_t* acc) {
-  add_fixed(g, n, exponent, acc);
-}
 void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
                       float* out) {
-  from_fixed(acc, n, exponent, divisor, out);
-}
-void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
-                      double* out) {
   from_fixed(acc, n, exponent, divisor, out);
 }
 

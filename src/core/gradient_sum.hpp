@@ -15,9 +15,5 @@ void add_fixed_point(const float* g, std::int64_t n, int exponent, std::int64_t*
 void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
                       float* out);
 double max_abs(const float* g, std::int64_t n);
-// The same for double terms (engine/draws.hpp), on the same grid rule.
-void add_fixed_point(const double* g, std::int64_t n, int exponent, std::int64_t* acc);
-void from_fixed_point(const std::int64_t* acc, std::int64_t n, int exponent, double divisor,
-                      double* out);
 
 }  // namespace caviar

@@ -438,7 +438,7 @@ TEST(VaeFixedPoint, SumIsExactAndIndependentOfGrouping) {
 TEST(VaeFixedPoint, DivergedMaximumHasNoGrid) {
   // A diverged step: the maximum is not finite and no grid exists (exponent 0). add_fixed_point is
   // then never called: the gradient driver stops with "training diverged" (cli.bad_input, "vae
-  // train: a diverging --lr") and the draws driver drops the draw.
+  // train: a diverging --lr").
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_EQ(fixed_point_exponent(static_cast<double>(inf), 4), 0);
   EXPECT_EQ(fixed_point_exponent(std::numeric_limits<double>::quiet_NaN(), 4), 0);
