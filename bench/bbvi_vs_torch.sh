@@ -36,7 +36,10 @@ gen() {  # gen N FILE
     --out "$2" >/dev/null
 }
 fit() {  # fit DATA LOG THREADS RANKS STEPS ELBO_EVERY ELBO_ROWS ELBO_SAMPLES: JSON on stdout
-  OMP_NUM_THREADS="$3" mpirun -n "$4" -x OMP_NUM_THREADS "$caviar" bbvi fit --model logistic \
+  # Open MPI binds each rank to one core by default (<= 2 ranks): both threads of a 1 x 2 run
+  # would share one core.
+  OMP_NUM_THREADS="$3" mpirun -n "$4" --bind-to none -x OMP_NUM_THREADS "$caviar" bbvi fit \
+    --model logistic \
     --family fullrank --estimator reparam --data "$1:/X" --response "$1:/y" --batch-size 1024 \
     --samples 8 --lr 0.01 --max-iter "$5" --tol 0 --elbo-every "$6" --elbo-rows "$7" \
     --elbo-samples "$8" --diagnostic-samples 0 --seed 1 --out "$work/post.h5" 2>"$2" | tail -1

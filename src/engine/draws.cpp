@@ -90,7 +90,8 @@ std::vector<double> tree_root(std::span<const double> packed, std::int64_t width
 
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
-    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block) {
+    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
+    const std::function<void(std::span<const std::int64_t>)>& prefetch) {
   const std::int64_t r = samples * width, n_local = groups.size();
   // One buffer for every call on this thread, written in full by the blocks: a step's values
   // are megabytes (at N = 1e6 a 1,024-row minibatch is about 1,000 groups of S x W), and a
@@ -100,8 +101,17 @@ DrawSums reduce_draws(
   if (vals.size() < static_cast<std::size_t>(n_local * r))
     vals.resize(static_cast<std::size_t>(n_local * r));
   double* const all = vals.data();
-  parallel_blocks(n_local, 1, max_threads(), [&](int, std::int64_t k, std::int64_t) {
-    block(groups.group(k), std::span<double>(all + k * r, static_cast<std::size_t>(r)));
+  // Contiguous ranges of groups per thread, each prefetching kAhead groups ahead of its block.
+  constexpr std::int64_t kAhead = 4;
+  const int threads = max_threads();
+  const std::int64_t per = std::max<std::int64_t>(1, (n_local + threads - 1) / threads);
+  parallel_blocks(n_local, per, threads, [&](int, std::int64_t k0, std::int64_t k1) {
+    for (std::int64_t k = k0; k < std::min(k1, k0 + kAhead) && prefetch; ++k)
+      prefetch(groups.group(k));
+    for (std::int64_t k = k0; k < k1; ++k) {
+      if (prefetch && k + kAhead < k1) prefetch(groups.group(k + kAhead));
+      block(groups.group(k), std::span<double>(all + k * r, static_cast<std::size_t>(r)));
+    }
   });
   std::vector<double> mine = tree_nodes(all, r, groups.first, n_local, groups.total);
   DrawSums out;

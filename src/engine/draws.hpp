@@ -101,9 +101,11 @@ struct DrawSums {
   int dropped = 0;
   double reduce_seconds = 0;  // in the allgather, waiting for other ranks included
 };
+// `prefetch` (optional) is called with a group's rows a few groups before its block.
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
-    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block);
+    const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
+    const std::function<void(std::span<const std::int64_t>)>& prefetch = {});
 
 // The sum tree over a pass's groups (Groups::total of them, G): node (l, i) holds the sum of
 // groups [i 2^l, min((i + 1) 2^l, G)), which is node (l - 1, 2i) + node (l - 1, 2i + 1), or node
@@ -147,9 +149,13 @@ template <DrawModel M>
 detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
                              const Groups& groups) {
   model.set_draws(kind, t);
+  std::function<void(std::span<const std::int64_t>)> prefetch;
+  if constexpr (requires(std::span<const std::int64_t> rows) { model.prefetch(rows); })
+    prefetch = [&](std::span<const std::int64_t> rows) { model.prefetch(rows); };
   return detail::reduce_draws(
       comm, model.n_draws(), model.width(), groups,
-      [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); });
+      [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); },
+      prefetch);
 }
 
 // Collective: a full pass over every rank's rows with the model's draws (kind, t).

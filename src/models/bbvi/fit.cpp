@@ -5,6 +5,7 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/scratch.hpp"
 
 namespace caviar::bbvi {
 
@@ -37,28 +38,48 @@ void Posterior::set_draws(engine::DrawKind kind, std::int64_t t) {
   width_ = with_grad_ ? 1 + p_ : 1;
 }
 
+namespace {
+struct RowsTag;
+struct ResponsesTag;
+struct LoglikTag;
+struct GradTag;
+}  // namespace
+
+void Posterior::prefetch(std::span<const std::int64_t> rows) const {
+  const auto d = static_cast<std::size_t>(cfg_.glm.features);
+  for (const std::int64_t r : rows) {
+    const double* row = x_.data() + static_cast<std::size_t>(r) * d;
+    for (std::size_t j = 0; j < d; j += 8) __builtin_prefetch(row + j);
+    __builtin_prefetch(row + d - 1);
+    __builtin_prefetch(y_.data() + r);
+  }
+}
+
 void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out) const {
   const int s = n_draws();
   const int d = cfg_.glm.features;
   const auto n = static_cast<Eigen::Index>(rows.size());
-  // The block's rows gathered in order (with repeats), on Eigen's aligned heap memory.
-  RowMatrix xb(n, d);
-  Eigen::VectorXd yb(n);
+  // The block's rows gathered in order (with repeats), into this thread's aligned scratch.
+  Eigen::Map<RowMatrix, Eigen::Aligned32> xb(
+      thread_scratch<RowsTag>(static_cast<std::size_t>(n * d)), n, d);
+  double* const yb = thread_scratch<ResponsesTag>(static_cast<std::size_t>(n));
   for (Eigen::Index i = 0; i < n; ++i) {
     const auto r = static_cast<std::size_t>(rows[static_cast<std::size_t>(i)]);
     for (int j = 0; j < d; ++j) xb(i, j) = x_[r * std::size_t(d) + std::size_t(j)];
     yb[i] = y_[r];
   }
-  Eigen::VectorXd f = Eigen::VectorXd::Zero(s);
+  double* const f = thread_scratch<LoglikTag>(static_cast<std::size_t>(s));
+  std::fill(f, f + s, 0.0);
   // The gradient in theta only where the estimator uses it (reparameterisation steps).
-  RowMatrix g = RowMatrix::Zero(with_grad_ ? s : 0, p_);
+  const std::size_t gsize = with_grad_ ? static_cast<std::size_t>(s * p_) : 0;
+  double* const g = thread_scratch<GradTag>(gsize);
+  std::fill(g, g + gsize, 0.0);
   cfg_.glm.loglik_draws({theta_.data(), std::size_t(theta_.size())}, s,
-                        {xb.data(), std::size_t(xb.size())}, {yb.data(), std::size_t(n)},
-                        {f.data(), std::size_t(s)}, {g.data(), std::size_t(g.size())});
+                        {xb.data(), std::size_t(xb.size())}, {yb, std::size_t(n)},
+                        {f, std::size_t(s)}, {g, gsize});
   for (int k = 0; k < s; ++k) {
     out[std::size_t(k * width_)] = f[k];
-    if (with_grad_)
-      for (std::int64_t j = 0; j < p_; ++j) out[std::size_t(k * width_ + 1 + j)] = g(k, j);
+    if (with_grad_) std::copy(g + k * p_, g + (k + 1) * p_, out.data() + k * width_ + 1);
   }
 }
 

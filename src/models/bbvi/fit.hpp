@@ -45,6 +45,9 @@ class Posterior {
   int n_draws() const { return static_cast<int>(theta_.rows()); }
   std::int64_t width() const { return width_; }
   void block(std::span<const std::int64_t> rows, std::span<double> out) const;
+  // Starts loading these rows into the cache (a later block's): with N >> B a step's rows are
+  // scattered over the whole array, and waiting for memory was most of block()'s time (perf).
+  void prefetch(std::span<const std::int64_t> rows) const;
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;
   double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale) const;

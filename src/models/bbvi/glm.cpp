@@ -7,11 +7,16 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/scratch.hpp"
 
 namespace caviar::bbvi {
 namespace {
 
 using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using RowMap = Eigen::Map<RowMajor, Eigen::Aligned32>;
+struct EtaTag;
+struct ResidualTag;
+struct SumsTag;
 
 // The logistic likelihood of every (row, draw) of a block: eta is n x S (C = 1), y the n labels.
 // Adds each draw's sum of log p(y_i | eta_is) over the rows, in row order, to f, and writes
@@ -23,12 +28,12 @@ using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 // ulps because u - 1 is exact (Goldberg 1991, Theorem 4), and t where u rounds to 1. As scalar
 // library calls these functions were more than half of the CPU time of a logistic fit with its
 // default 1,000-draw k-hat pass over every row (perf; N = 1e6, D = 50, 600 steps).
-void logistic_terms(const RowMajor& eta, std::span<const double> y, RowMajor& r,
-                    std::span<double> f) {
+void logistic_terms(const RowMap& eta, std::span<const double> y, RowMap& r, std::span<double> f) {
   constexpr Eigen::Index kChunk = 256;
   using Chunk = Eigen::Array<double, Eigen::Dynamic, 1, 0, kChunk, 1>;
   const Eigen::Index s = eta.cols(), total = eta.rows() * s;
-  std::vector<double> sums(static_cast<std::size_t>(s), 0.0);
+  double* const sums = thread_scratch<SumsTag>(static_cast<std::size_t>(s));
+  std::fill(sums, sums + s, 0.0);
   for (Eigen::Index c0 = 0; c0 < total; c0 += kChunk) {
     const Eigen::Index m = std::min(kChunk, total - c0);
     const Eigen::Map<const Eigen::ArrayXd> e(eta.data() + c0, m);
@@ -89,8 +94,11 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
   const Eigen::Map<const RowMajor> xm(x.data(), n, d);
   // eta(i, s * C + k) = w_{s,k} . x_i + b_{s,k}: one product for every draw and output.
   const Eigen::Map<const RowMajor, 0, Stride> w(theta.data(), samples * c, d, Stride(d + 1));
-  RowMajor eta = xm * w.transpose();
-  RowMajor r(n, samples * c);  // d log p / d eta
+  const auto cols = static_cast<std::size_t>(samples * c);
+  RowMap eta(thread_scratch<EtaTag>(static_cast<std::size_t>(n) * cols), n, samples * c);
+  eta.noalias() = xm * w.transpose();
+  RowMap r(thread_scratch<ResidualTag>(static_cast<std::size_t>(n) * cols), n,
+           samples * c);  // d log p / d eta
   const double inv_var = 1.0 / (noise_sd * noise_sd);
   const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
   for (int s = 0; s < samples; ++s)
