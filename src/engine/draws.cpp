@@ -35,6 +35,26 @@ std::vector<std::pair<int, std::int64_t>> own_nodes(std::int64_t a, std::int64_t
   return nodes;
 }
 
+// Sorts values in [0, n) ascending: least-significant-digit radix sort, 11 bits a pass. Every rank
+// sorts a step's B positions, so this is work that more ranks do not share; std::sort took about
+// 40 us for B = 1024 (branch mispredictions), about a tenth of a step at N = 1e7 on 2 ranks.
+void radix_sort(std::vector<std::int64_t>& v, std::int64_t n) {
+  constexpr int kBits = 11;
+  constexpr std::size_t kBuckets = std::size_t{1} << kBits;
+  thread_local std::vector<std::int64_t> tmp;
+  tmp.resize(v.size());
+  std::vector<std::size_t> count(kBuckets);
+  for (int shift = 0; shift < 63 && (n - 1) >> shift > 0; shift += kBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (const std::int64_t x : v) ++count[static_cast<std::size_t>(x >> shift) & (kBuckets - 1)];
+    std::size_t sum = 0;
+    for (auto& c : count) sum += std::exchange(c, sum);
+    for (const std::int64_t x : v)
+      tmp[count[static_cast<std::size_t>(x >> shift) & (kBuckets - 1)]++] = x;
+    v.swap(tmp);
+  }
+}
+
 }  // namespace
 
 std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
@@ -146,7 +166,7 @@ Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::
     for (int k = 0; k < 2 && b + k < batch; ++k)
       pos.push_back(std::min(n - 1, static_cast<std::int64_t>(u[k] * static_cast<double>(n))));
   }
-  std::sort(pos.begin(), pos.end());
+  radix_sort(pos, n);
   Groups g;
   for (std::size_t i = 0; i < pos.size(); ++i) {
     const bool fresh = i == 0 || pos[i] / kBlockRows != pos[i - 1] / kBlockRows;
