@@ -37,7 +37,7 @@ std::vector<std::pair<int, std::int64_t>> own_nodes(std::int64_t a, std::int64_t
 
 // Sorts values in [0, n) ascending: least-significant-digit radix sort, 11 bits a pass. Every rank
 // sorts a step's B positions, so this is work that more ranks do not share; std::sort took about
-// 40 us for B = 1024 (branch mispredictions), about a tenth of a step at N = 1e7 on 2 ranks.
+// 40 us for B = 1024 (branch mispredictions), about 7% of a 2-rank step at N = 1e7.
 void radix_sort(std::vector<std::int64_t>& v, std::int64_t n) {
   constexpr int kBits = 11;
   constexpr std::size_t kBuckets = std::size_t{1} << kBits;
