@@ -1,7 +1,6 @@
 #include "engine/draws.hpp"
 
 #include <Eigen/Core>
-#include <limits>
 #include <map>
 #include <utility>
 

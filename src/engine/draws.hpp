@@ -113,8 +113,9 @@ DrawSums reduce_draws(
 // 2^top >= G. Every sum in it is one double addition of fixed operands, so the root's bits
 // depend on the groups' values alone, not on which rank or thread added what (pairwise
 // summation: Higham 1993), and a rank sends O(log G) nodes, not its G / p groups.
-//   tree_nodes  the largest nodes inside groups [first, first + count) (vals: their W values
-//               each, consumed), packed as [l, i, W values] one after another
+//   tree_nodes  the largest nodes inside groups [first, first + count) (vals: `width` values per
+//               group, S x W for a draws pass, overwritten), packed as [l, i, width values] one
+//               after another
 //   tree_root   the root from every rank's packed nodes
 std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
                                std::int64_t count, std::int64_t total);

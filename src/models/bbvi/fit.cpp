@@ -60,7 +60,7 @@ void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out)
   const int d = cfg_.glm.features;
   const auto n = static_cast<Eigen::Index>(rows.size());
   // The block's rows gathered in order (with repeats), into this thread's aligned scratch.
-  Eigen::Map<RowMatrix, Eigen::Aligned32> xb(
+  Eigen::Map<RowMatrix, Eigen::AlignedMax> xb(
       thread_scratch<RowsTag>(static_cast<std::size_t>(n * d)), n, d);
   double* const yb = thread_scratch<ResponsesTag>(static_cast<std::size_t>(n));
   for (Eigen::Index i = 0; i < n; ++i) {

@@ -13,7 +13,7 @@ namespace caviar::bbvi {
 namespace {
 
 using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using RowMap = Eigen::Map<RowMajor, Eigen::Aligned32>;
+using RowMap = Eigen::Map<RowMajor, Eigen::AlignedMax>;
 struct EtaTag;
 struct ResidualTag;
 struct SumsTag;
