@@ -3,12 +3,14 @@
 #include <Eigen/Cholesky>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.hpp"
 #include "core/fixed_point.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
+#include "core/vec4.hpp"
 #include "math/special.hpp"
 
 namespace caviar::hmm {
@@ -74,32 +76,179 @@ double kl_normal_wishart(int p, double beta, double nu, double beta0, double nu0
 // same sequence of FMAs wherever the vector sits in memory: the results are bitwise independent
 // of the thread and of the sequence's place in the shard.
 template <int W>
-void vec_mat_block(const double* x, const double* m, int k, int j0, double* y) {
-  double acc[W] = {};
-  for (int i = 0; i < k; ++i) {
-    const double xi = x[i];
-    const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
-    for (int j = 0; j < W; ++j) acc[j] += xi * r[j];
+void vec_mat_block(const double* x, const double* m, int k, int j0, const double* f, double* y) {
+  if constexpr (W % 4 == 0) {
+    // Explicit vector accumulators: as an array of doubles, once inlined into the recursion, they
+    // were kept on the stack, every FMA waiting on a store and a reload.
+    // Fewer than eight registers (W < 32) would leave the recursion waiting on the FMA latency:
+    // P interleaved partial sums over i, added in a fixed tree at the end.
+    constexpr int NV = W / 4, P = NV >= 8 ? 1 : NV >= 4 ? 2 : 4;
+    Vec4 part[P][NV] = {};
+    int i = 0;
+    for (; i + P <= k; i += P)
+      for (int p = 0; p < P; ++p) {
+        const Vec4 xi = {x[i + p], x[i + p], x[i + p], x[i + p]};
+        const double* r = m + static_cast<std::ptrdiff_t>(i + p) * k + j0;
+        for (int v = 0; v < NV; ++v) part[p][v] += xi * load4(r + 4 * v);
+      }
+    for (; i < k; ++i) {
+      const Vec4 xi = {x[i], x[i], x[i], x[i]};
+      const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
+      for (int v = 0; v < NV; ++v) part[0][v] += xi * load4(r + 4 * v);
+    }
+    Vec4 acc[NV];
+    for (int v = 0; v < NV; ++v) {
+      if constexpr (P == 1)
+        acc[v] = part[0][v];
+      else if constexpr (P == 2)
+        acc[v] = part[0][v] + part[1][v];
+      else
+        acc[v] = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
+    }
+    if (f)
+      for (int v = 0; v < NV; ++v) acc[v] *= load4(f + j0 + 4 * v);
+    std::memcpy(y + j0, acc, sizeof acc);
+  } else {
+    double acc[W] = {};
+    for (int i = 0; i < k; ++i) {
+      const double xi = x[i];
+      const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
+      for (int j = 0; j < W; ++j) acc[j] += xi * r[j];
+    }
+    for (int j = 0; j < W; ++j) y[j0 + j] = f ? acc[j] * f[j0 + j] : acc[j];
   }
-  for (int j = 0; j < W; ++j) y[j0 + j] = acc[j];
 }
 
-void vec_mat(const double* x, const double* m, int k, double* y) {
+// y = (x' M) o f, or x' M when f is null.
+void vec_mat(const double* x, const double* m, int k, const double* f, double* y) {
   int j = 0;
-  for (; j + 32 <= k; j += 32) vec_mat_block<32>(x, m, k, j, y);
+  for (; j + 32 <= k; j += 32) vec_mat_block<32>(x, m, k, j, f, y);
   if (j + 16 <= k) {
-    vec_mat_block<16>(x, m, k, j, y);
+    vec_mat_block<16>(x, m, k, j, f, y);
     j += 16;
   }
   if (j + 8 <= k) {
-    vec_mat_block<8>(x, m, k, j, y);
+    vec_mat_block<8>(x, m, k, j, f, y);
     j += 8;
   }
   if (j + 4 <= k) {
-    vec_mat_block<4>(x, m, k, j, y);
+    vec_mat_block<4>(x, m, k, j, f, y);
     j += 4;
   }
-  for (; j < k; ++j) vec_mat_block<1>(x, m, k, j, y);
+  for (; j < k; ++j) vec_mat_block<1>(x, m, k, j, f, y);
+}
+
+// The sum of x[0..k) in a fixed order: eight partial sums (one 256-bit add chain of two
+// registers, not one scalar chain of k dependent adds), then a fixed tree.
+double sum_fixed(const double* x, int k) {
+  double p[8] = {};
+  int i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) p[j] += x[i + j];
+  for (int j = 0; i < k; ++i, ++j) p[j] += x[i];
+  return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+}
+
+// out += sum_{s < m} a_s u_s' for m pairs of vectors (row-major rows x cols out; xi is K x K):
+// each block of 4 NV columns of an out row is loaded once, takes the m rank-one terms in registers
+// and is stored once, so the update runs at the FMA rate rather than at the load/store rate of m
+// separate rank-one updates. Every out_ij takes the same FMAs in the same order wherever it is
+// computed.
+template <int R, int NV>
+void outer_block(const double* const* a, const double* const* u, int m, int i, int j0, double* out,
+                 int cols) {
+  // R rows share every load of u: R NV FMAs per NV loads and R broadcasts.
+  Vec4 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = load4(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + 4 * v);
+  for (int s = 0; s < m; ++s) {
+    Vec4 us[NV];
+    for (int v = 0; v < NV; ++v) us[v] = load4(u[s] + j0 + 4 * v);
+    for (int r = 0; r < R; ++r) {
+      const double ai = a[s][i + r];
+      const Vec4 av = {ai, ai, ai, ai};
+      for (int v = 0; v < NV; ++v) acc[r][v] += av * us[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    std::memcpy(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0, acc[r], sizeof acc[r]);
+}
+
+template <int R>
+void outer_rows(const double* const* a, const double* const* u, int m, int i, int cols,
+                double* out) {
+  int j = 0;
+  for (; j + 16 <= cols; j += 16) outer_block<R, 4>(a, u, m, i, j, out, cols);
+  if (j + 8 <= cols) {
+    outer_block<R, 2>(a, u, m, i, j, out, cols);
+    j += 8;
+  }
+  if (j + 4 <= cols) {
+    outer_block<R, 1>(a, u, m, i, j, out, cols);
+    j += 4;
+  }
+  for (; j < cols; ++j)
+    for (int r = 0; r < R; ++r) {
+      double* o = out + static_cast<std::ptrdiff_t>(i + r) * cols + j;
+      for (int s = 0; s < m; ++s) *o += a[s][i + r] * u[s][j];
+    }
+}
+
+__attribute__((noinline)) void outer_add(const double* const* a, const double* const* u, int m,
+                                         int rows, int cols, double* out) {
+  int i = 0;
+  for (; i + 2 <= rows; i += 2) outer_rows<2>(a, u, m, i, cols, out);
+  if (i < rows) outer_rows<1>(a, u, m, i, cols, out);
+}
+
+// Log densities of n steps (x: n x D, row-major) under K Gaussians whose parameters soa holds
+// state-minor (Model::refresh), into out (n x K, row-major), four states at a time:
+// (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k by forward
+// substitution, each row of out written once, in the order the recursions read it. DD > 0 fixes
+// D at compile time (the whitened coordinates stay in registers); DD = 0 uses y and ys.
+template <int DD>
+void gauss_log_densities(const double* x, std::int64_t n, int d_rt, bool diag, const RowMatrix& soa,
+                         Vec4* y_mem, double* ys_mem, double* out) {
+  const int D = DD > 0 ? DD : d_rt;
+  const int K = static_cast<int>(soa.cols());
+  const auto row = [&](int r) { return &soa(r, 0); };
+  const int r_inv = D, r_l = 2 * D, r_c = 2 * D + (diag ? 0 : D * (D - 1) / 2), r_h = r_c + 1;
+  Vec4 y_reg[DD > 0 ? DD : 1];
+  double ys_reg[DD > 0 ? DD : 1];
+  Vec4* y = DD > 0 ? y_reg : y_mem;
+  double* ys = DD > 0 ? ys_reg : ys_mem;
+  for (std::int64_t t = 0; t < n; ++t) {
+    const double* xt = x + t * D;
+    double* o = out + t * K;
+    int k = 0;
+    for (; k + 4 <= K; k += 4) {
+      Vec4 q = {};
+      for (int i = 0, l = r_l; i < D; ++i) {
+        const Vec4 xi = {xt[i], xt[i], xt[i], xt[i]};
+        Vec4 r = xi - load4(row(i) + k);
+        if (!diag)
+          for (int j = 0; j < i; ++j, ++l) r -= load4(row(l) + k) * y[j];
+        r *= load4(row(r_inv + i) + k);
+        y[i] = r;
+        q = i == 0 ? r * r : q + r * r;
+      }
+      const Vec4 res = load4(row(r_c) + k) - load4(row(r_h) + k) * q;
+      std::memcpy(o + k, &res, sizeof res);
+    }
+    for (; k < K; ++k) {  // the same operations, one state
+      double q = 0;
+      for (int i = 0, l = r_l; i < D; ++i) {
+        double r = xt[i] - row(i)[k];
+        if (!diag)
+          for (int j = 0; j < i; ++j, ++l) r -= row(l)[k] * ys[j];
+        r *= row(r_inv + i)[k];
+        ys[i] = r;
+        q = i == 0 ? r * r : q + r * r;
+      }
+      o[k] = row(r_c)[k] - row(r_h)[k] * q;
+    }
+  }
 }
 }  // namespace
 
@@ -143,23 +292,33 @@ Stats& Stats::operator+=(const Stats& o) {
 // --- Model
 
 struct Model::Work {
-  // T x K: emissions (log, then scaled), scaled forward and backward, and u_t = b_t o beta_t / c_t
-  RowMatrix b, alpha, beta, u;
+  // T x K: emissions (log, then scaled; Gaussian only, categorical steps read the model's table)
+  // and the scaled forward, overwritten by the marginals gamma for the Gaussian moments
+  RowMatrix b, alpha;
   Eigen::VectorXd c;
-  RowMatrix dx;       // D x chunk: a state's centred steps, then whitened (Gaussian)
-  Eigen::ArrayXXd q;  // 1 x chunk: their squared norms
-  RowMatrix xi;       // K x K
-  std::vector<double> occ;
-  RowMatrix sx, sxx, xx;  // per-sequence Gaussian moments (K x D, K x D^2) and x_t x_t' (T x D^2)
+  RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
+  RowMatrix u;     // kPairs x K: u_t of the transitions not yet added to xi
+  // Gaussian: the whitened y_t of four states (or one) in the forward substitution
+  std::vector<Vec4> y;
+  std::vector<double> ys;
+  RowMatrix xi;                       // K x K
+  std::vector<double> occ, g_row;     // sums of gamma_t over t; gamma_t when nothing keeps it
+  RowMatrix emit;                     // V x K: one sequence's expected emission counts
+  std::vector<std::int32_t> touched;  // the symbols whose rows of emit this sequence added to
+  std::vector<char> mark;             // V: whether a symbol is in touched
+  // Gaussian moments: f_t = [x_t, x_t x_t'] and gamma_t of the steps not yet added (kPairs rows),
+  // their sum over the sequence (D + D^2 x K), and as the statistics' K x D and K x D^2
+  RowMatrix f, gr, mom, sx, sxx;
   void reserve(std::int64_t t, int k) {
-    if (b.rows() < t || b.cols() != k) {
+    if (alpha.rows() < t || alpha.cols() != k) {
       b.resize(t, k);
       alpha.resize(t, k);
-      beta.resize(t, k);
-      u.resize(t, k);
       c.resize(t);
     }
-    if (xi.rows() != k) xi.resize(k, k);
+    if (xi.rows() != k) {
+      xi.resize(k, k);
+      beta.resize(2, k);
+    }
   }
 };
 
@@ -324,6 +483,22 @@ void Model::refresh() {
       gauss_const_[k] =
           0.5 * logdet_prec - 0.5 * d_ * math::kLog2Pi - (vb ? 0.5 * d_ / beta_[k] : 0.0);
     }
+    // The log densities' parameters state-minor, one row per quantity, K wide: mu_i, 1 / L_ii
+    // (diag: 1 / sigma_i), L_ij for j < i row by row (full), the constant, and quad_scale / 2.
+    const int lower = diag ? 0 : d_ * (d_ - 1) / 2;
+    emit_soa_.resize(2 * d_ + lower + 2, k_);
+    for (int k = 0; k < k_; ++k) {
+      const RowMatrix& l =
+          diag ? cov_[static_cast<std::size_t>(k)] : chol_[static_cast<std::size_t>(k)];
+      for (int i = 0, r = 2 * d_; i < d_; ++i) {
+        emit_soa_(i, k) = means_(k, i);
+        emit_soa_(d_ + i, k) = 1.0 / (diag ? std::sqrt(l(i, i)) : l(i, i));
+        if (!diag)
+          for (int j = 0; j < i; ++j) emit_soa_(r++, k) = l(i, j);
+      }
+      emit_soa_(2 * d_ + lower, k) = gauss_const_[k];
+      emit_soa_(2 * d_ + lower + 1, k) = 0.5 * quad_scale_[k];
+    }
   }
 }
 
@@ -344,66 +519,60 @@ Stats Model::make_stats() const {
   return Stats(sizes, bounds);
 }
 
-void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
-  const std::int64_t t0 = s.offsets[seq], T = s.length(seq);
+void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
+                          Work& w) const {
+  const std::int64_t t0 = s.offsets[seq] + t1;
   if (v_ > 0) {
-    for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t t = 0; t < n; ++t) {
       const double* lb = &log_b_t_(s.symbols[static_cast<std::size_t>(t0 + t)], 0);
-      std::copy_n(lb, k_, &w.b(t, 0));
+      std::copy_n(lb, k_, &w.b(t1 + t, 0));
     }
     return;
   }
-  // One state at a time over chunks of kChunk steps (the D x kChunk block stays in the L1 cache):
-  // (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k, the forward
-  // substitution done for all the chunk's steps at once, row by row, so that every operation is a
-  // vector operation over steps.
-  constexpr std::int64_t kChunk = 256;
   const bool diag = cfg_.covariance == Covariance::kDiag;
-  for (std::int64_t t1 = 0; t1 < T; t1 += kChunk) {
-    const std::int64_t n = std::min(kChunk, T - t1);
-    w.dx.resize(d_, n);
-    for (int k = 0; k < k_; ++k) {
-      w.dx.noalias() = (s.x.middleRows(t0 + t1, n).rowwise() - means_.row(k)).transpose();
-      const RowMatrix& l =
-          diag ? cov_[static_cast<std::size_t>(k)] : chol_[static_cast<std::size_t>(k)];
-      for (int i = 0; i < d_; ++i) {
-        if (diag) {
-          w.dx.row(i) /= std::sqrt(l(i, i));
-          continue;
-        }
-        for (int j = 0; j < i; ++j) w.dx.row(i) -= l(i, j) * w.dx.row(j);
-        w.dx.row(i) /= l(i, i);
-      }
-      w.q = w.dx.row(0).array().square();
-      for (int i = 1; i < d_; ++i) w.q += w.dx.row(i).array().square();
-      w.b.col(k).segment(t1, n) =
-          (gauss_const_[k] - 0.5 * quad_scale_[k] * w.q).matrix().transpose();
-    }
-  }
+  w.y.resize(static_cast<std::size_t>(d_));
+  w.ys.resize(static_cast<std::size_t>(d_));
+  const double* x = &s.x(t0, 0);
+  double* out = &w.b(t1, 0);
+  // Small D: the whitened coordinates stay in registers.
+  using Kernel =
+      void (*)(const double*, std::int64_t, int, bool, const RowMatrix&, Vec4*, double*, double*);
+  static constexpr Kernel kernels[] = {
+      gauss_log_densities<0>, gauss_log_densities<1>, gauss_log_densities<2>,
+      gauss_log_densities<3>, gauss_log_densities<4>, gauss_log_densities<5>,
+      gauss_log_densities<6>, gauss_log_densities<7>, gauss_log_densities<8>};
+  kernels[d_ <= 8 ? d_ : 0](x, n, d_, diag, emit_soa_, w.y.data(), w.ys.data(), out);
+}
+
+void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
+  const std::int64_t T = s.length(seq);
+  for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk)
+    log_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w);
 }
 
 double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
   const std::int64_t t0 = s.offsets[seq], T = s.length(seq);
   double ll = 0;
   if (v_ > 0) {
-    // The table of B^T with each symbol's row divided by its largest entry, made once per
-    // refresh: no logarithm or exponential per step.
-    for (std::int64_t t = 0; t < T; ++t) {
-      const std::int32_t v = s.symbols[static_cast<std::size_t>(t0 + t)];
-      ll += emit_max_[v];
-      std::copy_n(&emit_scaled_(v, 0), k_, &w.b(t, 0));
-    }
+    // The forward-backward reads each step's row of the table of B' with each symbol's row divided
+    // by its largest entry (made once per refresh: no logarithm or exponential per step); only
+    // the maxima are summed here.
+    for (std::int64_t t = 0; t < T; ++t)
+      ll += emit_max_[s.symbols[static_cast<std::size_t>(t0 + t)]];
     return ll;
   }
-  log_emissions(s, seq, w);
-  // The whole block at once (Eigen's vectorised exp): each step's log emissions less their
-  // maximum, exponentiated; the maxima go back into the log-likelihood.
-  auto b = w.b.topRows(T);
-  auto m = w.c.head(T);  // the forward pass overwrites c afterwards
-  m = b.rowwise().maxCoeff();
-  for (std::int64_t t = 0; t < T; ++t) ll += m[t];
-  if (!std::isfinite(ll)) return -kInf;
-  for (std::int64_t t = 0; t < T; ++t) b.row(t).array() = (b.row(t).array() - m[t]).exp();
+  // Chunk by chunk, while the chunk's log emissions are still in the cache: each step's less their
+  // maximum, exponentiated (Eigen's vectorised exp); the maxima go back into the log-likelihood.
+  for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk) {
+    const std::int64_t n = std::min(kEmissionChunk, T - t1);
+    log_emissions(s, seq, t1, n, w);
+    auto b = w.b.middleRows(t1, n);
+    auto m = w.c.segment(t1, n);  // the forward pass overwrites c afterwards
+    m = b.rowwise().maxCoeff();
+    for (std::int64_t t = 0; t < n; ++t) ll += m[t];
+    if (!std::isfinite(ll)) return -kInf;
+    for (std::int64_t t = 0; t < n; ++t) b.row(t).array() = (b.row(t).array() - m[t]).exp();
+  }
   return ll;
 }
 
@@ -414,19 +583,21 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   w.reserve(T, K);
   double ll = scaled_emissions(s, seq, w);
   if (!std::isfinite(ll)) return -kInf;  // no state can emit some x_t
+  const std::int32_t* sym = v_ > 0 ? s.symbols.data() + t0 : nullptr;
+  const auto emission = [&](std::int64_t t) -> const double* {
+    return sym ? &emit_scaled_(sym[t], 0) : &w.b(t, 0);
+  };
   // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
   for (std::int64_t t = 0; t < T; ++t) {
     double* a = &w.alpha(t, 0);
-    const double* b = &w.b(t, 0);
+    const double* b = emission(t);
     if (t == 0) {
       for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
     } else {
-      vec_mat(&w.alpha(t - 1, 0), a_.data(), K, a);
-      for (int k = 0; k < K; ++k) a[k] *= b[k];
+      vec_mat(&w.alpha(t - 1, 0), a_.data(), K, b, a);
     }
-    double c = 0;
-    for (int k = 0; k < K; ++k) c += a[k];
+    const double c = sum_fixed(a, K);
     if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
     w.c[t] = c;
     const double inv = 1.0 / c;
@@ -434,59 +605,122 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     ll += std::log(c);
   }
   if (!stats && !gamma) return ll;
-  // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_t = A u_{t+1} with u_{t+1} =
-  // b_{t+1} o beta_{t+1} / c_{t+1}, a vector-matrix product against A' as the forward's is
-  // against A. The expected transitions (Bishop 13.65) summed over t are
-  //   sum_t xi_t(i, j) = A_ij sum_t alpha_t(i) u_{t+1}(j),
-  // one GEMM over the whole sequence after the recursion rather than a K x K update per step.
-  std::fill_n(&w.beta(T - 1, 0), K, 1.0);
-  for (std::int64_t t = T - 1; t > 0; --t) {
-    const double* b = &w.b(t, 0);
-    const double* be = &w.beta(t, 0);
-    double* u = &w.u(t, 0);
-    const double inv = 1.0 / w.c[t];
-    for (int j = 0; j < K; ++j) u[j] = b[j] * be[j] * inv;
-    vec_mat(u, a_tr_.data(), K, &w.beta(t - 1, 0));
-  }
-  if (stats && T > 1) {
-    w.xi.noalias() = w.alpha.topRows(T - 1).transpose() * w.u.middleRows(1, T - 1);
-    w.xi.array() *= a_.array();
-  } else {
+  // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_{t-1} = A u_t with u_t = b_t o
+  // beta_t / c_t, a vector-matrix product against A' as the forward's is against A. In the same
+  // sweep, while beta_t is in registers or the L1 cache: gamma_t = alpha_t o beta_t (Bishop
+  // 13.64) and its sums, and the expected transitions (Bishop 13.65) summed over t,
+  //   sum_t xi_t(i, j) = A_ij sum_t alpha_{t-1}(i) u_t(j),
+  // added kPairs steps at a time (outer_add); so are the Gaussian moments (Bishop 2006, eqs
+  // 13.20-13.21 need sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'), as sum_t f_t gamma_t'
+  // with f_t = [x_t, x_t x_t' flattened] (diag: the squares of x_t). Only alpha (and gamma where
+  // it is asked for) is a T x K array, read once here: one pass instead of one per quantity.
+  const bool moments = stats && v_ == 0;
+  const bool diag = cfg_.covariance == Covariance::kDiag;
+  const int second = diag ? d_ : d_ * d_, nf = d_ + second;
+  if (stats) {
     w.xi.setZero();
+    w.occ.assign(static_cast<std::size_t>(K), 0.0);
+    if (v_ > 0 && (w.emit.rows() != v_ || w.emit.cols() != K)) {
+      w.emit = RowMatrix::Zero(v_, K);
+      w.mark.assign(static_cast<std::size_t>(v_), 0);
+      w.touched.clear();
+    }
+    if (moments) {
+      w.mom.setZero(nf, K);
+      w.f.resize(kPairs, nf);
+      w.gr.resize(kPairs, K);
+    }
   }
-  // gamma_t = alpha_t o beta_t (Bishop 13.64), kept in alpha.
-  for (std::int64_t t = 0; t < T; ++t)
-    for (int k = 0; k < K; ++k) w.alpha(t, k) *= w.beta(t, k);
-  if (gamma) std::copy_n(&w.alpha(0, 0), T * K, gamma);
+  if (w.u.rows() != kPairs || w.u.cols() != K) w.u.resize(kPairs, K);
+  if (!gamma) w.g_row.resize(static_cast<std::size_t>(K));
+  const double* pa[kPairs];
+  const double* pu[kPairs];
+  const double* pf[kPairs];
+  const double* pg[kPairs];
+  int pending = 0, mpending = 0;
+  constexpr std::int64_t kAhead = 8;
+  const double* x = moments ? &s.x(t0, 0) : nullptr;
+  double* be = &w.beta(0, 0);
+  double* be_prev = &w.beta(1, 0);
+  std::fill_n(be, K, 1.0);
+  for (std::int64_t t = T - 1; t >= 0; --t) {
+    const double* a = &w.alpha(t, 0);
+    double* g = gamma ? gamma + t * K : moments ? &w.gr(mpending, 0) : w.g_row.data();
+    for (int k = 0; k < K; ++k) g[k] = a[k] * be[k];
+    if (stats) {
+      for (int k = 0; k < K; ++k) w.occ[static_cast<std::size_t>(k)] += g[k];
+      if (sym) {
+        double* e = &w.emit(sym[t], 0);
+        if (!w.mark[static_cast<std::size_t>(sym[t])]) {
+          w.mark[static_cast<std::size_t>(sym[t])] = 1;
+          w.touched.push_back(sym[t]);
+        }
+        for (int k = 0; k < K; ++k) e[k] += g[k];
+      }
+      if (moments) {
+        const double* xt = x + t * d_;
+        double* f = &w.f(mpending, 0);
+        std::copy_n(xt, d_, f);
+        for (int i = 0; i < d_; ++i) {
+          if (diag)
+            f[d_ + i] = xt[i] * xt[i];
+          else
+            for (int j = 0; j < d_; ++j) f[d_ + i * d_ + j] = xt[i] * xt[j];
+        }
+        pf[mpending] = f;
+        pg[mpending] = g;
+        if (++mpending == kPairs) {
+          outer_add(pf, pg, mpending, nf, K, w.mom.data());
+          mpending = 0;
+        }
+      }
+      if (t == 0) stats->add(kStart, 0, g, K);
+    }
+    if (t == 0) break;
+    if (t >= kAhead) {
+      // The sweep runs backwards through arrays larger than the caches: ask for the rows it
+      // reaches kAhead steps later (the hardware prefetchers follow descending streams late).
+      const double* ra = &w.alpha(t - kAhead, 0);
+      const double* rb = sym ? nullptr : &w.b(t - kAhead, 0);
+      for (int k = 0; k < K; k += 8) {
+        __builtin_prefetch(ra + k);
+        if (rb) __builtin_prefetch(rb + k);
+      }
+    }
+    const double* b = emission(t);
+    const double inv = 1.0 / w.c[t];
+    double* u = &w.u(pending, 0);
+    for (int j = 0; j < K; ++j) u[j] = b[j] * be[j] * inv;
+    vec_mat(u, a_tr_.data(), K, nullptr, be_prev);
+    std::swap(be, be_prev);
+    if (!stats) continue;
+    pa[pending] = &w.alpha(t - 1, 0);
+    pu[pending] = u;
+    if (++pending == kPairs) {
+      outer_add(pa, pu, pending, K, K, w.xi.data());
+      pending = 0;
+    }
+  }
   if (!stats) return ll;
-  stats->add(kStart, 0, &w.alpha(0, 0), K);
+  if (pending > 0) outer_add(pa, pu, pending, K, K, w.xi.data());
+  w.xi.array() *= a_.array();
   stats->add(kTrans, 0, w.xi.data(), static_cast<std::int64_t>(K) * K);
-  w.occ.assign(static_cast<std::size_t>(K), 0.0);
-  for (std::int64_t t = 0; t < T; ++t)
-    for (int k = 0; k < K; ++k) w.occ[static_cast<std::size_t>(k)] += w.alpha(t, k);
   stats->add(kOcc, 0, w.occ.data(), K);
   if (v_ > 0) {
-    for (std::int64_t t = 0; t < T; ++t)
-      stats->add(kEmit, s.symbols[static_cast<std::size_t>(t0 + t)] * static_cast<std::int64_t>(K),
-                 &w.alpha(t, 0), K);
+    // The sequence's expected counts per symbol, summed in double and added once per symbol
+    // rather than once per step.
+    for (const std::int32_t v : w.touched) {
+      double* e = &w.emit(v, 0);
+      stats->add(kEmit, v * static_cast<std::int64_t>(K), e, K);
+      std::fill_n(e, K, 0.0);
+      w.mark[static_cast<std::size_t>(v)] = 0;
+    }
+    w.touched.clear();
     return ll;
   }
-  const bool diag = cfg_.covariance == Covariance::kDiag;
-  const int second = diag ? d_ : d_ * d_;
-  // The weighted moments as two GEMMs over the sequence (Bishop 2006, eqs 13.20-13.21 need
-  // sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'): S_x = Gamma' X and S_xx = Gamma' Q, where
-  // row t of Q is x_t x_t' flattened (diag: the squares of x_t).
-  const auto x = s.x.middleRows(t0, T);
-  w.xx.resize(T, second);
-  for (std::int64_t t = 0; t < T; ++t)
-    for (int i = 0; i < d_; ++i) {
-      if (diag)
-        w.xx(t, i) = x(t, i) * x(t, i);
-      else
-        for (int j = 0; j < d_; ++j) w.xx(t, i * d_ + j) = x(t, i) * x(t, j);
-    }
-  w.sx.noalias() = w.alpha.topRows(T).transpose() * x;
-  w.sxx.noalias() = w.alpha.topRows(T).transpose() * w.xx;
+  if (mpending > 0) outer_add(pf, pg, mpending, nf, K, w.mom.data());
+  w.sx = w.mom.topRows(d_).transpose();
+  w.sxx = w.mom.bottomRows(second).transpose();
   stats->add(kSx, 0, w.sx.data(), K * d_);
   stats->add(kSxx, 0, w.sxx.data(), K * second);
   return ll;

@@ -183,6 +183,14 @@ class Model {
   struct Work;
   // Log emission block of one sequence (T x K) into w.
   void log_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
+  // The same for steps [t1, t1 + n) of the sequence, into those rows of w.b.
+  void log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
+                     Work& w) const;
+  // Steps per chunk of Gaussian emissions: a chunk's K log densities per step are exponentiated
+  // while they are still in the L1 cache.
+  static constexpr std::int64_t kEmissionChunk = 32;
+  // Steps of expected transitions added to xi at once in the backward sweep.
+  static constexpr int kPairs = 16;
   // Emission probabilities of one sequence into w.b, each step's divided by its largest; returns
   // the sum of the logarithms of those maxima (-inf if some step no state can emit).
   double scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
@@ -229,6 +237,7 @@ class Model {
   std::vector<RowMatrix> chol_;
   Eigen::VectorXd quad_scale_;
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
+  RowMatrix emit_soa_;           // Gaussian: the log densities' parameters, state-minor (refresh)
   std::vector<Stats> work_;
   // Per-thread forward-backward buffers, kept across local steps so that the T x K matrices are
   // not allocated (and first touched) again at every iteration.
