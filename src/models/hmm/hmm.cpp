@@ -306,8 +306,9 @@ struct Model::Work {
   RowMatrix emit;                     // V x K: one sequence's expected emission counts
   std::vector<std::int32_t> touched;  // the symbols whose rows of emit this sequence added to
   std::vector<char> mark;             // V: whether a symbol is in touched
-  // Gaussian moments: f_t = [x_t, x_t x_t'] and gamma_t of the steps not yet added (kPairs rows),
-  // their sum over the sequence (D + D^2 x K), and as the statistics' K x D and K x D^2
+  // Gaussian moments: f_t = [x_t, upper triangle of x_t x_t'] and gamma_t of the steps not yet
+  // added (kPairs rows), their sum over the sequence (D + D^2 x K), and as the statistics' K x D
+  // and K x D^2
   RowMatrix f, gr, mom, sx, sxx;
   void reserve(std::int64_t t, int k) {
     if (alpha.rows() < t || alpha.cols() != k) {
@@ -561,17 +562,39 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
       ll += emit_max_[s.symbols[static_cast<std::size_t>(t0 + t)]];
     return ll;
   }
-  // Chunk by chunk, while the chunk's log emissions are still in the cache: each step's less their
-  // maximum, exponentiated (Eigen's vectorised exp); the maxima go back into the log-likelihood.
+  // Chunk by chunk, while the chunk's log emissions are still in the L1 cache: each step's less
+  // their maximum, exponentiated (exp4; the states below e^-708 of the most likely one are set to
+  // 0); the maxima go back into the log-likelihood.
+  const int K = k_;
   for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk) {
     const std::int64_t n = std::min(kEmissionChunk, T - t1);
     log_emissions(s, seq, t1, n, w);
-    auto b = w.b.middleRows(t1, n);
-    auto m = w.c.segment(t1, n);  // the forward pass overwrites c afterwards
-    m = b.rowwise().maxCoeff();
-    for (std::int64_t t = 0; t < n; ++t) ll += m[t];
-    if (!std::isfinite(ll)) return -kInf;
-    for (std::int64_t t = 0; t < n; ++t) b.row(t).array() = (b.row(t).array() - m[t]).exp();
+    for (std::int64_t t = t1; t < t1 + n; ++t) {
+      double* r = &w.b(t, 0);
+      double m = r[0];  // the maximum: four lanes, then the lanes and the tail
+      int k = 0;
+      if (K >= 4) {
+        Vec4 mv = load4(r);
+        for (k = 4; k + 4 <= K; k += 4) {
+          const Vec4 v = load4(r + k);
+          mv = v > mv ? v : mv;
+        }
+        m = std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3]));
+      }
+      for (; k < K; ++k) m = std::max(m, r[k]);
+      ll += m;
+      if (!std::isfinite(ll)) return -kInf;
+      for (k = 0; k + 4 <= K; k += 4) {
+        const Vec4 e = exp4(load4(r + k) - m);
+        std::memcpy(r + k, &e, sizeof e);
+      }
+      if (k < K) {
+        double tail[4] = {};
+        std::copy(r + k, r + K, tail);
+        const Vec4 e = exp4(load4(tail) - m);
+        std::memcpy(r + k, &e, sizeof(double) * static_cast<std::size_t>(K - k));
+      }
+    }
   }
   return ll;
 }
@@ -612,11 +635,13 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   //   sum_t xi_t(i, j) = A_ij sum_t alpha_{t-1}(i) u_t(j),
   // added kPairs steps at a time (outer_add); so are the Gaussian moments (Bishop 2006, eqs
   // 13.20-13.21 need sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'), as sum_t f_t gamma_t'
-  // with f_t = [x_t, x_t x_t' flattened] (diag: the squares of x_t). Only alpha (and gamma where
-  // it is asked for) is a T x K array, read once here: one pass instead of one per quantity.
+  // with f_t = [x_t, the upper triangle of x_t x_t'] (diag: the squares of x_t). Only alpha (and
+  // gamma where it is asked for) is a T x K array, read once here: one pass instead of one per
+  // quantity.
   const bool moments = stats && v_ == 0;
   const bool diag = cfg_.covariance == Covariance::kDiag;
-  const int second = diag ? d_ : d_ * d_, nf = d_ + second;
+  // Full covariances keep the upper triangle of x_t x_t' (packed row by row), diag its diagonal.
+  const int second = diag ? d_ : d_ * d_, nf = d_ + (diag ? d_ : d_ * (d_ + 1) / 2);
   if (stats) {
     w.xi.setZero();
     w.occ.assign(static_cast<std::size_t>(K), 0.0);
@@ -660,12 +685,12 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       if (moments) {
         const double* xt = x + t * d_;
         double* f = &w.f(mpending, 0);
-        std::copy_n(xt, d_, f);
-        for (int i = 0; i < d_; ++i) {
+        for (int i = 0; i < d_; ++i) f[i] = xt[i];  // (a few values: no library call)
+        for (int i = 0, p = d_; i < d_; ++i) {
           if (diag)
-            f[d_ + i] = xt[i] * xt[i];
+            f[p++] = xt[i] * xt[i];
           else
-            for (int j = 0; j < d_; ++j) f[d_ + i * d_ + j] = xt[i] * xt[j];
+            for (int j = i; j < d_; ++j) f[p++] = xt[i] * xt[j];
         }
         pf[mpending] = f;
         pg[mpending] = g;
@@ -720,7 +745,17 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   }
   if (mpending > 0) outer_add(pf, pg, mpending, nf, K, w.mom.data());
   w.sx = w.mom.topRows(d_).transpose();
-  w.sxx = w.mom.bottomRows(second).transpose();
+  w.sxx.resize(K, second);
+  for (int i = 0, p = d_; i < d_; ++i) {
+    if (diag) {
+      w.sxx.col(i) = w.mom.row(p++).transpose();
+      continue;
+    }
+    for (int j = i; j < d_; ++j, ++p) {
+      w.sxx.col(i * d_ + j) = w.mom.row(p).transpose();
+      w.sxx.col(j * d_ + i) = w.mom.row(p).transpose();
+    }
+  }
   stats->add(kSx, 0, w.sx.data(), K * d_);
   stats->add(kSxx, 0, w.sxx.data(), K * second);
   return ll;
