@@ -18,11 +18,12 @@ inline Vec4 load4(const double* p) {
 }
 
 // e^x for x <= 0, within one ulp of the correctly rounded value for x >= -708 and 0 below (where
-// e^x is subnormal or underflows). Cody-Waite reduction x = n ln 2 + r with |r| <= ln 2 / 2 (ln 2
-// split in a 42-bit head and its tail, so n ln2_hi is exact for the n that occur), the degree-13
-// Taylor polynomial of e^r by Horner's rule (the first omitted term, r^14 / 14!, is below 4e-18),
-// and 2^n put into the exponent bits. No division, unlike Eigen's rational exp, which took about
-// nine times as long per value here. Not for x > 0: 2^n would overflow the exponent field there.
+// e^x is subnormal or underflows). The reduction of Cody and Waite (1980), x = n ln 2 + r with
+// |r| <= ln 2 / 2 (ln 2 split in a 42-bit head and its tail, so that n ln2_hi is exact for every
+// |n| <= 1022), the degree-13 Taylor polynomial of e^r by Horner's rule (the first omitted term,
+// r^14 / 14!, is below 4e-18), and 2^n put into the exponent bits. No division, unlike Eigen's
+// rational exp, which took about nine times as long per value here. Not for x > 0: 2^n would
+// overflow the exponent field there.
 inline Vec4 exp4(Vec4 x) {
   constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
   constexpr std::int64_t kShiftBits = 0x4338000000000000;  // its bit pattern
