@@ -195,6 +195,7 @@ void outer_rows(const double* const* a, const double* const* u, int m, int i, in
     }
 }
 
+// Not inlined: inlined into the backward recursion, its accumulators were spilled to the stack.
 __attribute__((noinline)) void outer_add(const double* const* a, const double* const* u, int m,
                                          int rows, int cols, double* out) {
   int i = 0;
@@ -293,7 +294,7 @@ Stats& Stats::operator+=(const Stats& o) {
 
 struct Model::Work {
   // T x K: emissions (log, then scaled; Gaussian only, categorical steps read the model's table)
-  // and the scaled forward, overwritten by the marginals gamma for the Gaussian moments
+  // and the scaled forward
   RowMatrix b, alpha;
   Eigen::VectorXd c;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
@@ -307,8 +308,8 @@ struct Model::Work {
   std::vector<std::int32_t> touched;  // the symbols whose rows of emit this sequence added to
   std::vector<char> mark;             // V: whether a symbol is in touched
   // Gaussian moments: f_t = [x_t, upper triangle of x_t x_t'] and gamma_t of the steps not yet
-  // added (kPairs rows), their sum over the sequence (D + D^2 x K), and as the statistics' K x D
-  // and K x D^2
+  // added (kPairs rows), their sum over the sequence ((D + D (D + 1) / 2) x K), and as the
+  // statistics' K x D and K x D^2
   RowMatrix f, gr, mom, sx, sxx;
   void reserve(std::int64_t t, int k) {
     if (alpha.rows() < t || alpha.cols() != k) {
