@@ -9,7 +9,6 @@
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
 #include "math/special.hpp"
-#include "models/lda/fast_math.hpp"
 #include "models/lda/lda.hpp"
 
 namespace caviar::lda {
@@ -260,47 +259,6 @@ TEST(Lda, ThreadsDoNotChangeFits) {
   EXPECT_EQ(std::get<1>(a), std::get<1>(b));
   EXPECT_EQ(std::get<2>(a), std::get<2>(b));
   EXPECT_EQ(std::get<3>(a), std::get<3>(b));
-}
-
-// The vectorised exp, log, digamma and lgamma of the kernels against libm and the scalar
-// math::digamma, over x from 1e-8 to 1e12 (and exp over its whole normal range).
-TEST(Lda, FastMathMatchesLibm) {
-  double e_exp = 0, e_log = 0, e_psi = 0, e_lg = 0;
-  for (double lx = -8; lx <= 12; lx += 1e-3) {
-    const double x = std::pow(10.0, lx);
-    e_log = std::max(
-        e_log, std::abs(fast::log(x) - std::log(x)) / std::max(1e-300, std::abs(std::log(x))));
-    const double psi = math::digamma(x);
-    e_psi = std::max(e_psi, std::abs(fast::digamma(x) - psi) / std::max(1.0, std::abs(psi)));
-    const double lg = std::lgamma(x);
-    e_lg = std::max(e_lg, std::abs(fast::lgamma(x) - lg) / std::max(1.0, std::abs(lg)));
-  }
-  for (double x = -708; x <= 709; x += 0.01)
-    e_exp = std::max(e_exp, std::abs(fast::exp(x) - std::exp(x)) / std::exp(x));
-  EXPECT_LT(e_exp, 1e-15);
-  EXPECT_LT(e_log, 1e-15);
-  EXPECT_LT(e_psi, 1e-14);
-  EXPECT_LT(e_lg, 1e-13);
-  // exp(psi(x) - c) without the logarithm, against exp of the scalar digamma.
-  double e_ed = 0;
-  for (double lx = -2; lx <= 8; lx += 1e-3) {
-    const double x = std::pow(10.0, lx), c = 0.3 * lx;
-    const double want = std::exp(math::digamma(x) - c);
-    e_ed = std::max(e_ed, std::abs(fast::exp_digamma(x, c) - want) / want);
-  }
-  EXPECT_LT(e_ed, 1e-13);
-  EXPECT_EQ(fast::exp_digamma(1e-6, 0.0), 0.0);  // psi(1e-6) = -1e6: below exp's range
-  EXPECT_EQ(fast::exp(-800), 0.0);
-  EXPECT_EQ(fast::log(1.0), 0.0);
-  // A vector loop computes exactly what a scalar call does, lane by lane.
-  std::vector<double> xs, vec(1000);
-  for (int i = 0; i < 1000; ++i) xs.push_back(1e-3 + 0.37 * i);
-  double* out = vec.data();
-  const double* in = xs.data();
-#pragma omp simd
-  for (int i = 0; i < 1000; ++i) out[i] = fast::exp(fast::digamma(in[i]) - 2.0);
-  double (*volatile scalar)(double) = [](double x) { return fast::exp(fast::digamma(x) - 2.0); };
-  for (int i = 0; i < 1000; ++i) EXPECT_EQ(vec[i], scalar(xs[i])) << xs[i];
 }
 
 TEST(Lda, GammaSamplerHasTheRightMean) {

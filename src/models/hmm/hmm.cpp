@@ -11,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
 #include "core/vec4.hpp"
+#include "math/fast.hpp"
 #include "math/special.hpp"
 
 namespace caviar::hmm {
@@ -564,8 +565,8 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
     return ll;
   }
   // Chunk by chunk, while the chunk's log emissions are still in the L1 cache: each step's less
-  // their maximum, exponentiated (exp4; the states below e^-708 of the most likely one are set to
-  // 0); the maxima go back into the log-likelihood.
+  // their maximum, exponentiated (math::fast::exp; the states below e^-708 of the most likely one
+  // are set to 0); the maxima go back into the log-likelihood.
   const int K = k_;
   for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk) {
     const std::int64_t n = std::min(kEmissionChunk, T - t1);
@@ -586,13 +587,13 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
       ll += m;
       if (!std::isfinite(ll)) return -kInf;
       for (k = 0; k + 4 <= K; k += 4) {
-        const Vec4 e = exp4(load4(r + k) - m);
+        const Vec4 e = math::fast::exp(load4(r + k) - m);
         std::memcpy(r + k, &e, sizeof e);
       }
       if (k < K) {
         double tail[4] = {};
         std::copy(r + k, r + K, tail);
-        const Vec4 e = exp4(load4(tail) - m);
+        const Vec4 e = math::fast::exp(load4(tail) - m);
         std::memcpy(r + k, &e, sizeof(double) * static_cast<std::size_t>(K - k));
       }
     }

@@ -11,9 +11,12 @@
 #include "core/error.hpp"
 #include "core/parallel.hpp"
 #include "core/rng.hpp"
-#include "models/lda/fast_math.hpp"
+#include "core/vec4.hpp"
+#include "math/fast.hpp"
 
 namespace caviar::lda {
+
+namespace fast = math::fast;
 
 using Eigen::VectorXd;
 
@@ -166,7 +169,7 @@ constexpr std::int64_t kLanes = 8;  // padding unit of the document kernels (one
 // Eight doubles (GCC/Clang vector extension; one AVX-512 register, two AVX ones): the document
 // kernels below keep their partial sums in explicit vectors, so each lane's sum runs in a fixed
 // order and the result is the same whatever the compiler's vectorisation choices.
-using V8 = double __attribute__((vector_size(8 * sizeof(double))));
+using V8 = Vec8;
 
 inline V8 load8(const double* p) {
   V8 v;
