@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/fixed_point.hpp"
@@ -71,33 +72,55 @@ double kl_normal_wishart(int p, double beta, double nu, double beta0, double nu0
                         0.5 * (nu0 - p - 1) * e_logdet - 0.5 * nu * w.trace_w0inv_w;
   return e_ln_q - e_ln_p;
 }
+// The widest vector of the build: 512 bits where AVX-512 is enabled (it doubles the FMA peak on
+// CPUs with full-width units), 256 otherwise. Fixed at compile time, so a build computes every
+// value the same way whatever the thread, the rank or the sequence's place in the shard.
+#ifdef __AVX512F__
+using VecW = Vec8;
+#else
+using VecW = Vec4;
+#endif
+constexpr int kLanes = sizeof(VecW) / sizeof(double);
+
+template <class V>
+inline V load_vec(const double* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class V>
+inline V broadcast(double x) {
+  return V{} + x;
+}
+
 // y = x' M for a row-major k x k matrix M. Each output block of W columns is summed in registers
-// over i = 0..k-1, so M streams through once and y is written once; W = 32 doubles keeps eight
-// 256-bit accumulators, enough independent FMA chains to cover the FMA latency. Every y_j is the
-// same sequence of FMAs wherever the vector sits in memory: the results are bitwise independent
-// of the thread and of the sequence's place in the shard.
+// over i = 0..k-1, so M streams through once and y is written once. Every y_j is the same
+// sequence of FMAs wherever the vector sits in memory: the results are bitwise independent of the
+// thread and of the sequence's place in the shard.
 template <int W>
 void vec_mat_block(const double* x, const double* m, int k, int j0, const double* f, double* y) {
   if constexpr (W % 4 == 0) {
     // Explicit vector accumulators: as an array of doubles, once inlined into the recursion, they
     // were kept on the stack, every FMA waiting on a store and a reload.
-    // Fewer than eight registers (W < 32) would leave the recursion waiting on the FMA latency:
-    // P interleaved partial sums over i, added in a fixed tree at the end.
-    constexpr int NV = W / 4, P = NV >= 8 ? 1 : NV >= 4 ? 2 : 4;
-    Vec4 part[P][NV] = {};
+    // Fewer than eight registers would leave the recursion waiting on the FMA latency: P
+    // interleaved partial sums over i, added in a fixed tree at the end.
+    using V = std::conditional_t<W % kLanes == 0, VecW, Vec4>;
+    constexpr int L = sizeof(V) / sizeof(double);
+    constexpr int NV = W / L, P = NV >= 8 ? 1 : NV >= 4 ? 2 : 4;
+    V part[P][NV] = {};
     int i = 0;
     for (; i + P <= k; i += P)
       for (int p = 0; p < P; ++p) {
-        const Vec4 xi = {x[i + p], x[i + p], x[i + p], x[i + p]};
+        const V xi = broadcast<V>(x[i + p]);
         const double* r = m + static_cast<std::ptrdiff_t>(i + p) * k + j0;
-        for (int v = 0; v < NV; ++v) part[p][v] += xi * load4(r + 4 * v);
+        for (int v = 0; v < NV; ++v) part[p][v] += xi * load_vec<V>(r + L * v);
       }
     for (; i < k; ++i) {
-      const Vec4 xi = {x[i], x[i], x[i], x[i]};
+      const V xi = broadcast<V>(x[i]);
       const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
-      for (int v = 0; v < NV; ++v) part[0][v] += xi * load4(r + 4 * v);
+      for (int v = 0; v < NV; ++v) part[0][v] += xi * load_vec<V>(r + L * v);
     }
-    Vec4 acc[NV];
+    V acc[NV];
     for (int v = 0; v < NV; ++v) {
       if constexpr (P == 1)
         acc[v] = part[0][v];
@@ -107,7 +130,7 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
         acc[v] = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
     }
     if (f)
-      for (int v = 0; v < NV; ++v) acc[v] *= load4(f + j0 + 4 * v);
+      for (int v = 0; v < NV; ++v) acc[v] *= load_vec<V>(f + j0 + L * v);
     std::memcpy(y + j0, acc, sizeof acc);
   } else {
     double acc[W] = {};
@@ -123,7 +146,16 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
 // y = (x' M) o f, or x' M when f is null.
 void vec_mat(const double* x, const double* m, int k, const double* f, double* y) {
   int j = 0;
-  for (; j + 32 <= k; j += 32) vec_mat_block<32>(x, m, k, j, f, y);
+  // With 32 vector registers (AVX-512), 16 accumulators hold 128 columns: for K <= 128 a row of M
+  // is read whole and M streams through in memory order.
+  if constexpr (kLanes == 8)
+    for (; j + 128 <= k; j += 128) vec_mat_block<128>(x, m, k, j, f, y);
+  for (; j + 8 * kLanes <= k; j += 8 * kLanes) vec_mat_block<8 * kLanes>(x, m, k, j, f, y);
+  if constexpr (kLanes == 8)
+    if (j + 32 <= k) {
+      vec_mat_block<32>(x, m, k, j, f, y);
+      j += 32;
+    }
   if (j + 16 <= k) {
     vec_mat_block<16>(x, m, k, j, f, y);
     j += 16;
@@ -151,24 +183,24 @@ double sum_fixed(const double* x, int k) {
 }
 
 // out += sum_{s < m} a_s u_s' for m pairs of vectors (row-major rows x cols out; xi is K x K):
-// each block of 4 NV columns of an out row is loaded once, takes the m rank-one terms in registers
-// and is stored once, so the update runs at the FMA rate rather than at the load/store rate of m
-// separate rank-one updates. Every out_ij takes the same FMAs in the same order wherever it is
-// computed.
-template <int R, int NV>
+// each block of NV vectors of columns of an out row is loaded once, takes the m rank-one terms in
+// registers and is stored once, so the update runs at the FMA rate rather than at the load/store
+// rate of m separate rank-one updates. Every out_ij takes the same FMAs in the same order wherever
+// it is computed.
+template <int R, int NV, class V>
 void outer_block(const double* const* a, const double* const* u, int m, int i, int j0, double* out,
                  int cols) {
   // R rows share every load of u: R NV FMAs per NV loads and R broadcasts.
-  Vec4 acc[R][NV];
+  constexpr int L = sizeof(V) / sizeof(double);
+  V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = load4(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + 4 * v);
+      acc[r][v] = load_vec<V>(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + L * v);
   for (int s = 0; s < m; ++s) {
-    Vec4 us[NV];
-    for (int v = 0; v < NV; ++v) us[v] = load4(u[s] + j0 + 4 * v);
+    V us[NV];
+    for (int v = 0; v < NV; ++v) us[v] = load_vec<V>(u[s] + j0 + L * v);
     for (int r = 0; r < R; ++r) {
-      const double ai = a[s][i + r];
-      const Vec4 av = {ai, ai, ai, ai};
+      const V av = broadcast<V>(a[s][i + r]);
       for (int v = 0; v < NV; ++v) acc[r][v] += av * us[v];
     }
   }
@@ -180,15 +212,20 @@ template <int R>
 void outer_rows(const double* const* a, const double* const* u, int m, int i, int cols,
                 double* out) {
   int j = 0;
-  for (; j + 16 <= cols; j += 16) outer_block<R, 4>(a, u, m, i, j, out, cols);
-  if (j + 8 <= cols) {
-    outer_block<R, 2>(a, u, m, i, j, out, cols);
-    j += 8;
+  for (; j + 4 * kLanes <= cols; j += 4 * kLanes) outer_block<R, 4, VecW>(a, u, m, i, j, out, cols);
+  if (j + 2 * kLanes <= cols) {
+    outer_block<R, 2, VecW>(a, u, m, i, j, out, cols);
+    j += 2 * kLanes;
   }
-  if (j + 4 <= cols) {
-    outer_block<R, 1>(a, u, m, i, j, out, cols);
-    j += 4;
+  if (j + kLanes <= cols) {
+    outer_block<R, 1, VecW>(a, u, m, i, j, out, cols);
+    j += kLanes;
   }
+  if constexpr (kLanes == 8)
+    if (j + 4 <= cols) {
+      outer_block<R, 1, Vec4>(a, u, m, i, j, out, cols);
+      j += 4;
+    }
   for (; j < cols; ++j)
     for (int r = 0; r < R; ++r) {
       double* o = out + static_cast<std::ptrdiff_t>(i + r) * cols + j;
@@ -204,40 +241,53 @@ __attribute__((noinline)) void outer_add(const double* const* a, const double* c
   if (i < rows) outer_rows<1>(a, u, m, i, cols, out);
 }
 
+// Log densities of one step under the states [k, k + L) of V's L lanes (see below); y: D vectors
+// of scratch for the whitened coordinates.
+template <int DD, class V, class Row>
+inline void gauss_block(const double* xt, int D, bool diag, const Row& row, int r_inv, int r_l,
+                        int r_c, int r_h, int k, V* y, double* o) {
+  V q = {};
+  for (int i = 0, l = r_l; i < D; ++i) {
+    V r = broadcast<V>(xt[i]) - load_vec<V>(row(i) + k);
+    if (!diag)
+      for (int j = 0; j < i; ++j, ++l) r -= load_vec<V>(row(l) + k) * y[j];
+    r *= load_vec<V>(row(r_inv + i) + k);
+    y[i] = r;
+    q = i == 0 ? r * r : q + r * r;
+  }
+  const V res = load_vec<V>(row(r_c) + k) - load_vec<V>(row(r_h) + k) * q;
+  std::memcpy(o + k, &res, sizeof res);
+}
+
 // Log densities of n steps (x: n x D, row-major) under K Gaussians whose parameters soa holds
-// state-minor (Model::refresh), into out (n x K, row-major), four states at a time:
+// state-minor (Model::refresh), into out (n x K, row-major), a vector of states at a time:
 // (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k by forward
 // substitution, each row of out written once, in the order the recursions read it. DD > 0 fixes
 // D at compile time (the whitened coordinates stay in registers); DD = 0 uses y and ys.
 template <int DD>
 void gauss_log_densities(const double* x, std::int64_t n, int d_rt, bool diag, const RowMatrix& soa,
-                         Vec4* y_mem, double* ys_mem, double* out) {
+                         VecW* y_mem, Vec4* y4_mem, double* ys_mem, double* out) {
   const int D = DD > 0 ? DD : d_rt;
   const int K = static_cast<int>(soa.cols());
   const auto row = [&](int r) { return &soa(r, 0); };
   const int r_inv = D, r_l = 2 * D, r_c = 2 * D + (diag ? 0 : D * (D - 1) / 2), r_h = r_c + 1;
-  Vec4 y_reg[DD > 0 ? DD : 1];
+  VecW y_reg[DD > 0 ? DD : 1];
+  Vec4 y4_reg[DD > 0 ? DD : 1];
   double ys_reg[DD > 0 ? DD : 1];
-  Vec4* y = DD > 0 ? y_reg : y_mem;
+  VecW* y = DD > 0 ? y_reg : y_mem;
+  Vec4* y4 = DD > 0 ? y4_reg : y4_mem;
   double* ys = DD > 0 ? ys_reg : ys_mem;
   for (std::int64_t t = 0; t < n; ++t) {
     const double* xt = x + t * D;
     double* o = out + t * K;
     int k = 0;
-    for (; k + 4 <= K; k += 4) {
-      Vec4 q = {};
-      for (int i = 0, l = r_l; i < D; ++i) {
-        const Vec4 xi = {xt[i], xt[i], xt[i], xt[i]};
-        Vec4 r = xi - load4(row(i) + k);
-        if (!diag)
-          for (int j = 0; j < i; ++j, ++l) r -= load4(row(l) + k) * y[j];
-        r *= load4(row(r_inv + i) + k);
-        y[i] = r;
-        q = i == 0 ? r * r : q + r * r;
+    for (; k + kLanes <= K; k += kLanes)
+      gauss_block<DD>(xt, D, diag, row, r_inv, r_l, r_c, r_h, k, y, o);
+    if constexpr (kLanes == 8)
+      if (k + 4 <= K) {
+        gauss_block<DD>(xt, D, diag, row, r_inv, r_l, r_c, r_h, k, y4, o);
+        k += 4;
       }
-      const Vec4 res = load4(row(r_c) + k) - load4(row(r_h) + k) * q;
-      std::memcpy(o + k, &res, sizeof res);
-    }
     for (; k < K; ++k) {  // the same operations, one state
       double q = 0;
       for (int i = 0, l = r_l; i < D; ++i) {
@@ -300,8 +350,9 @@ struct Model::Work {
   Eigen::VectorXd c;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
   RowMatrix u;     // kPairs x K: u_t of the transitions not yet added to xi
-  // Gaussian: the whitened y_t of four states (or one) in the forward substitution
-  std::vector<Vec4> y;
+  // Gaussian: the whitened y_t of a vector of states (or one) in the forward substitution
+  std::vector<VecW> y;
+  std::vector<Vec4> y4;
   std::vector<double> ys;
   RowMatrix xi;                       // K x K
   std::vector<double> occ, g_row;     // sums of gamma_t over t; gamma_t when nothing keeps it
@@ -534,17 +585,18 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1,
   }
   const bool diag = cfg_.covariance == Covariance::kDiag;
   w.y.resize(static_cast<std::size_t>(d_));
+  w.y4.resize(static_cast<std::size_t>(d_));
   w.ys.resize(static_cast<std::size_t>(d_));
   const double* x = &s.x(t0, 0);
   double* out = &w.b(t1, 0);
   // Small D: the whitened coordinates stay in registers.
-  using Kernel =
-      void (*)(const double*, std::int64_t, int, bool, const RowMatrix&, Vec4*, double*, double*);
+  using Kernel = void (*)(const double*, std::int64_t, int, bool, const RowMatrix&, VecW*, Vec4*,
+                          double*, double*);
   static constexpr Kernel kernels[] = {
       gauss_log_densities<0>, gauss_log_densities<1>, gauss_log_densities<2>,
       gauss_log_densities<3>, gauss_log_densities<4>, gauss_log_densities<5>,
       gauss_log_densities<6>, gauss_log_densities<7>, gauss_log_densities<8>};
-  kernels[d_ <= 8 ? d_ : 0](x, n, d_, diag, emit_soa_, w.y.data(), w.ys.data(), out);
+  kernels[d_ <= 8 ? d_ : 0](x, n, d_, diag, emit_soa_, w.y.data(), w.y4.data(), w.ys.data(), out);
 }
 
 void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
@@ -586,9 +638,14 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
       for (; k < K; ++k) m = std::max(m, r[k]);
       ll += m;
       if (!std::isfinite(ll)) return -kInf;
-      for (k = 0; k + 4 <= K; k += 4) {
+      for (k = 0; k + kLanes <= K; k += kLanes) {
+        const VecW e = math::fast::exp(load_vec<VecW>(r + k) - m);
+        std::memcpy(r + k, &e, sizeof e);
+      }
+      if (kLanes == 8 && k + 4 <= K) {
         const Vec4 e = math::fast::exp(load4(r + k) - m);
         std::memcpy(r + k, &e, sizeof e);
+        k += 4;
       }
       if (k < K) {
         double tail[4] = {};
