@@ -4,11 +4,13 @@
 // and for GCC's generic vectors (Vec4, Vec8 in core/vec4.hpp). They are plain arithmetic, integer
 // bit operations and selects, with no calls into libm and no division in exp.
 //
-// A vector lane computes exactly the operations of the scalar call on its element, so results do
-// not depend on whether a loop runs in vectors, in a scalar remainder, or at another vector width
-// (tests/unit/test_math.cpp checks this bit for bit). Written with explicit vectors, a kernel
-// vectorises on every instruction set; GCC's own vectoriser if-converts the scalar form's
-// selects only with AVX-512's masks.
+// A vector lane performs the operations of the scalar call on its element, but GCC may fuse
+// multiply-adds differently in vector and scalar code, so a lane can differ from the scalar call
+// in the last bit (tests/unit/test_math.cpp: within 4 ulp; seen for digamma and lgamma near
+// x = 4e-6). Kernels therefore send each element through a path fixed by the problem's shape
+// (K, D), never by the thread or the rank count. Written with explicit vectors, a kernel
+// vectorises on every instruction set; GCC's own vectoriser if-converts the scalar form's selects
+// only with AVX-512's masks.
 //
 // Accuracy (checked against libm and math::digamma in the unit tests):
 //   exp: within one ulp of std::exp for x in [-708, 709]; 0 below -708 (no subnormals).
