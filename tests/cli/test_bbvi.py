@@ -60,13 +60,14 @@ def check(ok, what):
         failures += 1
 
 
-def fit(ranks, data, out, *extra, threads=1):
+def fit(ranks, data, out, *extra, threads=1, allow_failure=False):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    seed = [] if "--seed" in extra else ["--seed", "3"]  # --seed 3 unless extra gives one
     argv = mpirun(ranks) + ["-x", "OMP_NUM_THREADS"] + [
-        CAVIAR, "-q", "bbvi", "fit", "--data", data + ":/X", "--response", data + ":/y",
-        "--seed", "3", "--out", out, *extra]
+        CAVIAR, "-q", "bbvi", "fit", "--data", data + ":/X", "--response", data + ":/y", *seed,
+        "--out", out, *extra]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-    if r.returncode != 0:
+    if r.returncode != 0 and not allow_failure:
         raise SystemExit(f"FAIL: {' '.join(argv)}\n{r.stderr}")
     return r
 
@@ -170,17 +171,35 @@ for steps in ("5", "300"):
     check(noted == (k > 0.7), f"{steps} steps: k-hat {k:.2f}, note printed: {noted}")
 
 # 1e. The divergence warning (Stan's rule: after 100 steps, the mean or median relative ELBO
-# change over the window above 0.5): the plain score estimator at --lr 1 on Poisson data drives the
-# ELBO down by many orders of magnitude and is warned about; the reparameterisation estimator is not.
+# change over the window above 0.5): the plain score estimator at --lr 0.2 on Poisson data drives
+# the ELBO down by orders of magnitude and is warned about; the reparameterisation estimator is not.
+# A diverging path is chaotic: its last bits, hence the step at which it diverges or overflows,
+# differ between instruction sets (at --lr 1 one seed's draws overflowed at step 28 on an AVX-512
+# machine, before the rule can fire, and not on an AVX2 one). So six seeds are run: a score fit
+# passes if it warned, and may then stop on non-finite draws (the error that divergence ends in);
+# at least four of six must warn (seven of eight did on the AVX-512 machine). Every
+# reparameterisation fit must finish without the warning.
 generate("poisson", 3000, 5, p("pois.h5"))
-for est, expect in (("score", True), ("reparam", False)):
-    r = fit(1, p("pois.h5"), p(f"pois_{est}.h5"), "--model", "poisson", "--estimator", est,
-            "--lr", "1", "--max-iter", "300", "--elbo-every", "20", "--tol", "0",
-            "--diagnostic-samples", "0")
-    with h5py.File(p(f"pois_{est}.h5"), "r") as f:
-        last = f["elbo_trace"][-1]
+pois_args = ["--model", "poisson", "--lr", "0.2", "--max-iter", "300", "--elbo-every", "20", "--tol",
+             "0", "--diagnostic-samples", "0"]
+warned_score, bad = [], []
+for seed in range(1, 7):
+    r = fit(1, p("pois.h5"), p(f"pois_score_{seed}.h5"), *pois_args, "--estimator", "score",
+            "--seed", str(seed), allow_failure=True)
     warned = "may be diverging" in r.stderr
-    check(warned == expect, f"poisson {est} at lr 1: final ELBO {last:.3g}, warned: {warned}")
+    if r.returncode != 0 and not (warned and "non-finite draws" in r.stderr):
+        bad.append((seed, r.stderr.strip()[-200:]))
+    warned_score.append(warned)
+check(not bad, f"poisson score at lr 0.2: every fit finished, or stopped on non-finite draws "
+      f"after the warning {bad}")
+check(sum(warned_score) >= 4, f"poisson score at lr 0.2: {sum(warned_score)} of 6 seeds warned")
+for seed in range(1, 7):
+    r = fit(1, p("pois.h5"), p(f"pois_reparam_{seed}.h5"), *pois_args, "--estimator", "reparam",
+            "--seed", str(seed))
+    with h5py.File(p(f"pois_reparam_{seed}.h5"), "r") as f:
+        last = f["elbo_trace"][-1]
+    check("may be diverging" not in r.stderr,
+          f"poisson reparam at lr 0.2, seed {seed}: final ELBO {last:.5g}, not warned")
 
 # 2. Conjugate exactness: linear regression, sigma known.
 N, D, SIGMA, S0 = 60, 2, 1.0, 1.0
