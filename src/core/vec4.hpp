@@ -4,6 +4,7 @@
 // scalar code with the same operations would.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace caviar {
 
@@ -13,11 +14,26 @@ using Vec4u = std::uint64_t __attribute__((vector_size(32)));
 using Vec8 = double __attribute__((vector_size(64)));
 using Vec8u = std::uint64_t __attribute__((vector_size(64)));
 
-// Four doubles from p, which need not be aligned.
-inline Vec4 load4(const double* p) {
-  Vec4 v;
+// A vector of V's width from p, which need not be aligned.
+template <class V>
+inline V vload(const double* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+inline Vec4 load4(const double* p) {
+  return vload<Vec4>(p);
+}
+
+// x in every lane (x itself for V = double). As x - 0, which is x exactly (also for -0, unlike
+// 0 + x) and which the compiler folds to a plain broadcast; a lane-by-lane fill was compiled into
+// stack traffic inside the HMM's kernels (three times slower).
+template <class V>
+inline V splat(double x) {
+  if constexpr (std::is_same_v<V, double>)
+    return x;
+  else
+    return x - V{};
 }
 
 }  // namespace caviar

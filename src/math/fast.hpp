@@ -57,15 +57,6 @@ inline T from_bits(Uint<T> u) {
   std::memcpy(&x, &u, sizeof x);
   return x;
 }
-// c in every lane.
-template <class T>
-inline T splat(double c) {
-  if constexpr (std::is_same_v<T, double>)
-    return c;
-  else
-    return T{} + c;
-}
-
 }  // namespace detail
 
 // exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2: the reduction of Cody and Waite
@@ -74,7 +65,6 @@ inline T splat(double c) {
 // 2^n put into the exponent bits.
 template <class T>
 inline T exp(T x) {
-  using detail::splat;
   constexpr double kLog2e = 1.4426950408889634074;
   constexpr double kLn2Hi = 6.93147180369123816490e-01;  // 32 significant bits
   constexpr double kLn2Lo = 1.90821492927058770002e-10;
@@ -107,7 +97,6 @@ inline T exp(T x) {
 // s = (m - 1)/(m + 1), |s| <= 0.172, by its series to s^23.
 template <class T>
 inline T log(T x) {
-  using detail::splat;
   constexpr double kLn2Hi = 6.93147180369123816490e-01;
   constexpr double kLn2Lo = 1.90821492927058770002e-10;
   constexpr double kSqrt2 = 1.4142135623730950488;
@@ -150,7 +139,7 @@ inline T log(T x) {
 // exp_digamma.
 template <class T>
 inline T digamma_rest(T x, T y) {
-  T n1 = detail::splat<T>(1.0), d1 = x, n2 = detail::splat<T>(1.0), d2 = x + 5.0;
+  T n1 = splat<T>(1.0), d1 = x, n2 = splat<T>(1.0), d2 = x + 5.0;
   n1 = n1 * (x + 1.0) + d1, d1 *= x + 1.0, n2 = n2 * (x + 6.0) + d2, d2 *= x + 6.0;
   n1 = n1 * (x + 2.0) + d1, d1 *= x + 2.0, n2 = n2 * (x + 7.0) + d2, d2 *= x + 7.0;
   n1 = n1 * (x + 3.0) + d1, d1 *= x + 3.0, n2 = n2 * (x + 8.0) + d2, d2 *= x + 8.0;
@@ -188,7 +177,6 @@ inline T exp_digamma(T x, T c) {
 // ratios of nearly equal gammas.
 template <class T>
 inline T lgamma(T x) {
-  using detail::splat;
   const T p1 = x * (x + 1.0) * (x + 2.0) * (x + 3.0) * (x + 4.0);
   const T p2 = (x + 5.0) * (x + 6.0) * (x + 7.0) * (x + 8.0) * (x + 9.0);
   // Both logarithms are always taken (of selected arguments), so there are no branches.

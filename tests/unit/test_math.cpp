@@ -205,9 +205,7 @@ TEST(FastMath, VectorLanesMatchScalar) {
     worst[f] = std::max(worst[f], d / std::numeric_limits<double>::epsilon());
   };
   for (std::size_t i = 0; i < xs.size(); i += 8) {
-    Vec8 x8, c8;
-    std::memcpy(&x8, &xs[i], sizeof x8);
-    std::memcpy(&c8, &cs[i], sizeof c8);
+    const Vec8 x8 = vload<Vec8>(&xs[i]), c8 = vload<Vec8>(&cs[i]);
     const Vec8 e8 = fast::exp(c8), l8 = fast::log(x8), d8 = fast::digamma(x8),
                g8 = fast::lgamma(x8), ed8 = fast::exp_digamma(x8, c8);
     for (int h = 0; h < 2; ++h) {

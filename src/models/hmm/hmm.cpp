@@ -82,17 +82,6 @@ using VecW = Vec4;
 #endif
 constexpr int kLanes = sizeof(VecW) / sizeof(double);
 
-template <class V>
-inline V load_vec(const double* p) {
-  V v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <class V>
-inline V broadcast(double x) {
-  return V{} + x;
-}
-
 // y = x' M for a row-major k x k matrix M. Each output block of W columns is summed in registers
 // over i = 0..k-1, so M streams through once and y is written once. Every y_j is the same
 // sequence of FMAs wherever the vector sits in memory: the results are bitwise independent of the
@@ -111,14 +100,14 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
     int i = 0;
     for (; i + P <= k; i += P)
       for (int p = 0; p < P; ++p) {
-        const V xi = broadcast<V>(x[i + p]);
+        const V xi = splat<V>(x[i + p]);
         const double* r = m + static_cast<std::ptrdiff_t>(i + p) * k + j0;
-        for (int v = 0; v < NV; ++v) part[p][v] += xi * load_vec<V>(r + L * v);
+        for (int v = 0; v < NV; ++v) part[p][v] += xi * vload<V>(r + L * v);
       }
     for (; i < k; ++i) {
-      const V xi = broadcast<V>(x[i]);
+      const V xi = splat<V>(x[i]);
       const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
-      for (int v = 0; v < NV; ++v) part[0][v] += xi * load_vec<V>(r + L * v);
+      for (int v = 0; v < NV; ++v) part[0][v] += xi * vload<V>(r + L * v);
     }
     V acc[NV];
     for (int v = 0; v < NV; ++v) {
@@ -130,7 +119,7 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
         acc[v] = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
     }
     if (f)
-      for (int v = 0; v < NV; ++v) acc[v] *= load_vec<V>(f + j0 + L * v);
+      for (int v = 0; v < NV; ++v) acc[v] *= vload<V>(f + j0 + L * v);
     std::memcpy(y + j0, acc, sizeof acc);
   } else {
     double acc[W] = {};
@@ -195,12 +184,12 @@ void outer_block(const double* const* a, const double* const* u, int m, int i, i
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v)
-      acc[r][v] = load_vec<V>(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + L * v);
+      acc[r][v] = vload<V>(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + L * v);
   for (int s = 0; s < m; ++s) {
     V us[NV];
-    for (int v = 0; v < NV; ++v) us[v] = load_vec<V>(u[s] + j0 + L * v);
+    for (int v = 0; v < NV; ++v) us[v] = vload<V>(u[s] + j0 + L * v);
     for (int r = 0; r < R; ++r) {
-      const V av = broadcast<V>(a[s][i + r]);
+      const V av = splat<V>(a[s][i + r]);
       for (int v = 0; v < NV; ++v) acc[r][v] += av * us[v];
     }
   }
@@ -248,14 +237,14 @@ inline void gauss_block(const double* xt, int D, bool diag, const Row& row, int 
                         int r_c, int r_h, int k, V* y, double* o) {
   V q = {};
   for (int i = 0, l = r_l; i < D; ++i) {
-    V r = broadcast<V>(xt[i]) - load_vec<V>(row(i) + k);
+    V r = splat<V>(xt[i]) - vload<V>(row(i) + k);
     if (!diag)
-      for (int j = 0; j < i; ++j, ++l) r -= load_vec<V>(row(l) + k) * y[j];
-    r *= load_vec<V>(row(r_inv + i) + k);
+      for (int j = 0; j < i; ++j, ++l) r -= vload<V>(row(l) + k) * y[j];
+    r *= vload<V>(row(r_inv + i) + k);
     y[i] = r;
     q = i == 0 ? r * r : q + r * r;
   }
-  const V res = load_vec<V>(row(r_c) + k) - load_vec<V>(row(r_h) + k) * q;
+  const V res = vload<V>(row(r_c) + k) - vload<V>(row(r_h) + k) * q;
   std::memcpy(o + k, &res, sizeof res);
 }
 
@@ -639,7 +628,7 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
       ll += m;
       if (!std::isfinite(ll)) return -kInf;
       for (k = 0; k + kLanes <= K; k += kLanes) {
-        const VecW e = math::fast::exp(load_vec<VecW>(r + k) - m);
+        const VecW e = math::fast::exp(vload<VecW>(r + k) - m);
         std::memcpy(r + k, &e, sizeof e);
       }
       if (kLanes == 8 && k + 4 <= K) {

@@ -172,15 +172,10 @@ constexpr std::int64_t kLanes = 8;  // padding unit of the document kernels (one
 using V8 = Vec8;
 
 inline V8 load8(const double* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+  return vload<V8>(p);
 }
 inline void store(double* p, V8 v) {
   std::memcpy(p, &v, sizeof v);
-}
-inline V8 splat(double x) {
-  return V8{x, x, x, x, x, x, x, x};
 }
 inline double lane_sum(V8 v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
@@ -307,7 +302,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           V8 n0{}, n1{}, n2{}, n3{};
           for (int k = 0; k < K; ++k) {
             const double* bk = bt + k * mp + j;
-            const V8 e = splat(et[k]);
+            const V8 e = splat<V8>(et[k]);
             n0 += e * load8(bk);
             n1 += e * load8(bk + kLanes);
             n2 += e * load8(bk + 2 * kLanes);
@@ -320,10 +315,10 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         }
         for (; j < mp; j += kLanes) {
           V8 n0{};
-          for (int k = 0; k < K; ++k) n0 += splat(et[k]) * load8(bt + k * mp + j);
+          for (int k = 0; k < K; ++k) n0 += splat<V8>(et[k]) * load8(bt + k * mp + j);
           store(norm + j, n0);
         }
-        const V8 tiny = splat(1e-100);
+        const V8 tiny = splat<V8>(1e-100);
         for (j = 0; j < mp; j += kLanes)
           store(ratio + j, load8(cnt + j) / (load8(norm + j) + tiny));
       };
