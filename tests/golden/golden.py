@@ -8,7 +8,8 @@ A run's hash is SHA-256 over every dataset and attribute of its output files, pr
 timings excepted (tests/cli/clitest.py's h5_contents). The three rank counts must give one hash
 (the bitwise guarantee); the hash must equal the recorded one.
 
-Results are the same bits on any machine with the same instruction set, not across instruction
+Results are the same bits on any machine with the same instruction set (Eigen plans its products
+for a fixed L1 size, core/eigen_blocking.cpp), not across instruction
 sets: -march=native picks fused multiply-adds and vector widths from the CPU, so the record is
 keyed by the CPU's vector features, and `check` on a machine without a record for its features
 exits 77 (skipped), saying so.
