@@ -14,7 +14,13 @@ sets: -march=native picks fused multiply-adds and vector widths from the CPU, so
 keyed by the CPU's vector features, and `check` on a machine without a record for its features
 exits 77 (skipped), saying so.
 
-usage: golden.py record|check CAVIAR_BIN WORKDIR [RECORD_JSON]
+A record for another instruction set can be made or checked on a machine that has a superset of
+it, with a binary built for that set and the CPU model it was recorded on, and --as-key naming
+it: the AVX2 record (made on Zen 3) is reproduced on an AVX-512 Zen 5 machine by a build with
+-DCAVIAR_NATIVE=OFF -DCAVIAR_ARCH=znver3 (docs/reproducibility.md, "Cache sizes"). Check such a
+binary against the existing record before recording with it.
+
+usage: golden.py record|check CAVIAR_BIN WORKDIR [RECORD_JSON] [--as-key KEY]
 """
 import hashlib
 import json
@@ -121,9 +127,20 @@ def run_matrix(caviar, work):
 
 
 def main():
-    mode, caviar, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    record = sys.argv[4] if len(sys.argv) > 4 else os.path.join(HERE, "hashes.json")
+    args = sys.argv[1:]
     key = isa_key()
+    if "--as-key" in args:
+        i = args.index("--as-key")
+        if i + 1 >= len(args):
+            sys.exit("golden.py: --as-key needs a key, e.g. sse4_2+avx+avx2+fma")
+        key = args[i + 1]
+        del args[i:i + 2]
+        if not set(key.split("+")) <= set(isa_key().split("+")):
+            sys.exit(f"golden.py: this CPU ({isa_key()}) cannot run a binary for {key}")
+    if len(args) not in (3, 4) or args[0] not in ("record", "check"):
+        sys.exit(__doc__.rsplit("usage: ", 1)[1].strip())
+    mode, caviar, work = args[0], args[1], args[2]
+    record = args[3] if len(args) > 3 else os.path.join(HERE, "hashes.json")
     stored = json.load(open(record)) if os.path.exists(record) else {}
     if mode == "check" and key not in stored:
         print(f"SKIP: no golden hashes recorded for this CPU's vector features ({key}); "
