@@ -16,8 +16,9 @@
 
 namespace {
 
-// 32 KiB, the most common L1 data cache; the cost of planning for it on a 48 KiB L1 is a few
-// per cent of GEMM throughput at most (kc of 248 instead of 376 for double on AVX2).
+// 32 KiB, the most common L1 data cache. On a larger L1 the panels are shorter than Eigen would
+// choose (kc of 248 instead of 376 for double on AVX2); docs/reproducibility.md has what that
+// costs.
 constexpr std::ptrdiff_t kPlannedL1Bytes = 32 * 1024;
 
 __attribute__((constructor)) void pin_eigen_blocking() {
