@@ -37,7 +37,7 @@ TEST(EigenBlocking, PlannedL1IsPinned) {
 
 // Why the pin matters: a product deeper than the depth panel is summed panel by panel, and the
 // panel depth follows the L1 size, so planning for a 48 KiB L1 (as Eigen would on Zen 4/5 or Ice
-// Lake) gives other bits than planning for 32 KiB. If this stops failing to differ, Eigen no
+// Lake) gives other bits than planning for 32 KiB. Should the two plans ever agree, Eigen no
 // longer derives the order of its sums from the cache size, and the pin can go.
 TEST(EigenBlocking, L1SizeChangesTheBitsOfADeepProduct) {
 #ifdef EIGEN_USE_BLAS
