@@ -21,9 +21,6 @@ inline V vload(const double* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline Vec4 load4(const double* p) {
-  return vload<Vec4>(p);
-}
 
 // x in every lane (x itself for V = double). As x - 0, which is x exactly (also for -0, unlike
 // 0 + x) and which the compiler folds to a plain broadcast; a lane-by-lane fill was compiled into

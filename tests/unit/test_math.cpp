@@ -112,7 +112,7 @@ TEST(FastMath, ExpWithinOneUlpOfStdExp) {
   while (xs.size() % 4) xs.push_back(0.0);
   double worst = 0;
   for (std::size_t i = 0; i < xs.size(); i += 4) {
-    const Vec4 e = fast::exp(load4(&xs[i]));
+    const Vec4 e = fast::exp(vload<Vec4>(&xs[i]));
     for (int l = 0; l < 4; ++l) {
       const double want = std::exp(xs[i + l]);
       worst = std::max(worst, std::abs(e[l] - want) / want);
@@ -209,7 +209,7 @@ TEST(FastMath, VectorLanesMatchScalar) {
     const Vec8 e8 = fast::exp(c8), l8 = fast::log(x8), d8 = fast::digamma(x8),
                g8 = fast::lgamma(x8), ed8 = fast::exp_digamma(x8, c8);
     for (int h = 0; h < 2; ++h) {
-      const Vec4 x4 = load4(&xs[i + 4 * h]), c4 = load4(&cs[i + 4 * h]);
+      const Vec4 x4 = vload<Vec4>(&xs[i + 4 * h]), c4 = vload<Vec4>(&cs[i + 4 * h]);
       const Vec4 e4 = fast::exp(c4), l4 = fast::log(x4), d4 = fast::digamma(x4),
                  g4 = fast::lgamma(x4), ed4 = fast::exp_digamma(x4, c4);
       for (int l = 0; l < 4; ++l) {

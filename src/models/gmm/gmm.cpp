@@ -243,9 +243,9 @@ void build_features_rows(const RowMatrix& xc, RowMatrix& f) {
     *o++ = 1.0;
     for (Index a = 0; a < d; ++a) *o++ = y[a];
     for (Index a = 0; a < d; ++a) {
-      const Vec4 ya = Vec4{} + y[a];
+      const Vec4 ya = splat<Vec4>(y[a]);
       for (Index b = a; b < d; b += 4) {
-        const Vec4 p = ya * load4(y + b);
+        const Vec4 p = ya * vload<Vec4>(y + b);
         std::memcpy(o + (b - a), &p, sizeof p);
       }
       o += d - a;
@@ -297,10 +297,10 @@ void kept_sum(const double* r, const Index* kept, Index m, const double* f, Inde
   Vec4 acc[W] = {};
   for (Index j = 0; j < m; ++j) {
     const Index i = kept[j];
-    const Vec4 ri = Vec4{} + r[i];
+    const Vec4 ri = splat<Vec4>(r[i]);
     const double* fi = f + i * ld;
 #pragma GCC unroll 8
-    for (int w = 0; w < W; ++w) acc[w] += ri * load4(fi + 4 * w);
+    for (int w = 0; w < W; ++w) acc[w] += ri * vload<Vec4>(fi + 4 * w);
   }
   std::memcpy(out, acc, sizeof acc);
 }

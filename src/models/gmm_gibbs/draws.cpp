@@ -147,10 +147,10 @@ void LabelKernel::log_joint(const Eigen::Ref<const gmm::RowMatrix>& x, Eigen::In
     for (int j = 0; j < d; ++j) {
       Vec4 v[kVecs] = {};
       for (int r = j; r < d; ++r) {
-        const Vec4 lr = Vec4{} + l[std::size_t(j) * std::size_t(d) + std::size_t(r)];
+        const Vec4 lr = splat<Vec4>(l[std::size_t(j) * std::size_t(d) + std::size_t(r)]);
         const double* row = dt + std::size_t(r) * per_dim;
 #pragma GCC unroll 4
-        for (int c = 0; c < kVecs; ++c) v[c] += lr * load4(row + 4 * c);
+        for (int c = 0; c < kVecs; ++c) v[c] += lr * vload<Vec4>(row + 4 * c);
       }
 #pragma GCC unroll 4
       for (int c = 0; c < kVecs; ++c) q[c] += v[c] * v[c];

@@ -617,9 +617,9 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
       double m = r[0];  // the maximum: four lanes, then the lanes and the tail
       int k = 0;
       if (K >= 4) {
-        Vec4 mv = load4(r);
+        Vec4 mv = vload<Vec4>(r);
         for (k = 4; k + 4 <= K; k += 4) {
-          const Vec4 v = load4(r + k);
+          const Vec4 v = vload<Vec4>(r + k);
           mv = v > mv ? v : mv;
         }
         m = std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3]));
@@ -632,14 +632,14 @@ double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) co
         std::memcpy(r + k, &e, sizeof e);
       }
       if (kLanes == 8 && k + 4 <= K) {
-        const Vec4 e = math::fast::exp(load4(r + k) - m);
+        const Vec4 e = math::fast::exp(vload<Vec4>(r + k) - m);
         std::memcpy(r + k, &e, sizeof e);
         k += 4;
       }
       if (k < K) {
         double tail[4] = {};
         std::copy(r + k, r + K, tail);
-        const Vec4 e = math::fast::exp(load4(tail) - m);
+        const Vec4 e = math::fast::exp(vload<Vec4>(tail) - m);
         std::memcpy(r + k, &e, sizeof(double) * static_cast<std::size_t>(K - k));
       }
     }

@@ -171,9 +171,6 @@ constexpr std::int64_t kLanes = 8;  // padding unit of the document kernels (one
 // order and the result is the same whatever the compiler's vectorisation choices.
 using V8 = Vec8;
 
-inline V8 load8(const double* p) {
-  return vload<V8>(p);
-}
 inline void store(double* p, V8 v) {
   std::memcpy(p, &v, sizeof v);
 }
@@ -303,10 +300,10 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           for (int k = 0; k < K; ++k) {
             const double* bk = bt + k * mp + j;
             const V8 e = splat<V8>(et[k]);
-            n0 += e * load8(bk);
-            n1 += e * load8(bk + kLanes);
-            n2 += e * load8(bk + 2 * kLanes);
-            n3 += e * load8(bk + 3 * kLanes);
+            n0 += e * vload<V8>(bk);
+            n1 += e * vload<V8>(bk + kLanes);
+            n2 += e * vload<V8>(bk + 2 * kLanes);
+            n3 += e * vload<V8>(bk + 3 * kLanes);
           }
           store(norm + j, n0);
           store(norm + j + kLanes, n1);
@@ -315,12 +312,12 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         }
         for (; j < mp; j += kLanes) {
           V8 n0{};
-          for (int k = 0; k < K; ++k) n0 += splat<V8>(et[k]) * load8(bt + k * mp + j);
+          for (int k = 0; k < K; ++k) n0 += splat<V8>(et[k]) * vload<V8>(bt + k * mp + j);
           store(norm + j, n0);
         }
         const V8 tiny = splat<V8>(1e-100);
         for (j = 0; j < mp; j += kLanes)
-          store(ratio + j, load8(cnt + j) / (load8(norm + j) + tiny));
+          store(ratio + j, vload<V8>(cnt + j) / (vload<V8>(norm + j) + tiny));
       };
       // acc_k = sum_w ratio_w b_wk: four topics at a time, eight words per vector, summed over
       // the lanes in a fixed order at the end.
@@ -330,11 +327,11 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
           const double* b0 = bt + k * mp;
           V8 a0{}, a1{}, a2{}, a3{};
           for (std::int64_t j = 0; j < mp; j += kLanes) {
-            const V8 r = load8(ratio + j);
-            a0 += r * load8(b0 + j);
-            a1 += r * load8(b0 + mp + j);
-            a2 += r * load8(b0 + 2 * mp + j);
-            a3 += r * load8(b0 + 3 * mp + j);
+            const V8 r = vload<V8>(ratio + j);
+            a0 += r * vload<V8>(b0 + j);
+            a1 += r * vload<V8>(b0 + mp + j);
+            a2 += r * vload<V8>(b0 + 2 * mp + j);
+            a3 += r * vload<V8>(b0 + 3 * mp + j);
           }
           acc[k] = lane_sum(a0);
           acc[k + 1] = lane_sum(a1);
@@ -344,7 +341,8 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         for (; k < K; ++k) {
           const double* bk = bt + k * mp;
           V8 a0{};
-          for (std::int64_t j = 0; j < mp; j += kLanes) a0 += load8(ratio + j) * load8(bk + j);
+          for (std::int64_t j = 0; j < mp; j += kLanes)
+            a0 += vload<V8>(ratio + j) * vload<V8>(bk + j);
           acc[k] = lane_sum(a0);
         }
       };
@@ -377,7 +375,7 @@ std::int64_t Model::local_step_seeded(const Corpus& c, std::span<const std::int6
         // Padding words have n_w = 0 and add nothing.
         for (std::int64_t j = 0; j < mp; ++j) ratio_log[j] = cnt[j] * fast::log(norm[j] + 1e-100);
         V8 t{};
-        for (std::int64_t j = 0; j < mp; j += kLanes) t += load8(ratio_log + j);
+        for (std::int64_t j = 0; j < mp; j += kLanes) t += vload<V8>(ratio_log + j);
         double term = lane_sum(t) + lg_dir_prior;
         double sum = 0;
         for (int k = 0; k < K; ++k) {
