@@ -82,6 +82,12 @@ void add_train_command(CLI::App* vae, Context& ctx) {
       ->add_option("--posterior", o->posterior,
                    "Encoder covariance: diagonal | full (Cholesky factor, Kingma & Welling 2019)")
       ->capture_default_str();
+  train
+      ->add_option("--estimator", o->estimator,
+                   "Gradient of the KL term: reparam (closed form) | stl (path derivative, "
+                   "'sticking the landing', Roeder et al. 2017; lower variance near the "
+                   "posterior) | auto (stl with --posterior full, reparam otherwise)")
+      ->capture_default_str();
   train->add_option("--likelihood", o->likelihood, "bernoulli (data in [0,1]) | gaussian")
       ->check(CLI::IsMember({"bernoulli", "gaussian"}))
       ->capture_default_str();

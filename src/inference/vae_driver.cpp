@@ -127,6 +127,12 @@ double evaluate_elbo(const Comm& comm, const Layout& layout, const float* params
   return total;
 }
 
+// --estimator resolved: the path derivative for stl, and for auto with a full posterior.
+bool uses_stl(const TrainOptions& o) {
+  return o.estimator == "stl" ||
+         (o.estimator == "auto" && parse_posterior(o.posterior) == Posterior::kFull);
+}
+
 // What a resume must share with the run that wrote the checkpoint (inference/checkpoint.hpp):
 // the checkpoint layout (the engine's; the VAE's own older layout lacks it and is refused with
 // one line), the data (shape and sampled-rows identity), the architecture, and the options that
@@ -161,6 +167,7 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const TrainOptions& o, const io:
   // Only for a full posterior, so that the checkpoints of diagonal runs stay resumable.
   if (parse_posterior(o.posterior) == Posterior::kFull)
     fp.add("posterior", o.posterior, "--posterior");
+  if (uses_stl(o)) fp.add("estimator", std::string("stl"), "--estimator");
   fp.add("seed", static_cast<std::int64_t>(o.seed), "--seed");
   fp.add("batch_size", static_cast<std::int64_t>(o.batch_size), "--batch-size");
   fp.add("samples", static_cast<std::int64_t>(o.samples), "--samples");
@@ -186,7 +193,15 @@ void write_architecture(io::FileWriter& w, const Architecture& a) {
   w.attr("likelihood", to_string(a.likelihood));
   // Written for a full posterior only: a file without it has a diagonal one (as every file of
   // earlier versions), and diagonal model files keep their bits.
-  if (a.posterior == Posterior::kFull) w.attr("posterior", to_string(a.posterior));
+  if (a.posterior == Posterior::kFull) {
+    w.attr("posterior", to_string(a.posterior));
+    // The triangle is relative to sigma, L = diag(sigma) (I + M (.) L'); files of earlier
+    // versions, without this attribute, held an absolute one and are refused on reading.
+    w.attr("lower", std::string("relative"));
+  }
+  // How it was trained, for the record (not needed to use the model); likewise only when not the
+  // default.
+  if (a.stl) w.attr("estimator", std::string("stl"));
   if (a.bayesian_decoder) {
     w.attr("bayesian_decoder", static_cast<std::int64_t>(1));
     w.attr("prior_scale", a.prior_scale);
@@ -216,6 +231,11 @@ Architecture read_architecture(const io::FileReader& r, const std::string& file)
   a.latent = static_cast<int>(ckpt::read_int(r, "latent", 1, INT_MAX, bad));
   a.likelihood = parse_likelihood(r.read_string_attr("likelihood"));
   if (r.has_attr("posterior")) a.posterior = parse_posterior(r.read_string_attr("posterior"));
+  if (a.posterior == Posterior::kFull &&
+      (!r.has_attr("lower") || r.read_string_attr("lower") != "relative"))
+    throw Error(bad +
+                "a full-posterior VAE of an earlier caviar, whose lower triangle is not "
+                "relative to sigma; train it again");
   if (r.has_attr("bayesian_decoder")) {
     a.bayesian_decoder = ckpt::read_int(r, "bayesian_decoder", 0, 1, bad) == 1;
     a.prior_scale = r.read_double_attr("prior_scale");
@@ -374,6 +394,7 @@ Architecture architecture(const TrainOptions& o, std::int64_t columns) {
                  parse_posterior(o.posterior)};
   a.bayesian_decoder = o.bayesian_decoder;
   a.prior_scale = o.prior_scale;
+  a.stl = uses_stl(o);
   if (o.arch == "conv") {
     a.hidden.clear();
     a.channels = o.channels;
@@ -400,6 +421,8 @@ void check_architecture(const TrainOptions& o) {
   }
   parse_likelihood(o.likelihood);
   parse_posterior(o.posterior);
+  if (o.estimator != "reparam" && o.estimator != "stl" && o.estimator != "auto")
+    throw Error("unknown --estimator '" + o.estimator + "' (expected reparam, stl or auto)");
   if (o.latent < 1) throw Error("--latent must be >= 1 (got " + std::to_string(o.latent) + ")");
   if (o.hidden.empty()) throw Error("--hidden needs at least one width");
   for (int h : o.hidden)

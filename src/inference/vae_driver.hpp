@@ -37,6 +37,9 @@ struct TrainOptions {
   int samples = 1;  // S, reparameterised samples per row
   std::string likelihood = "bernoulli";
   std::string posterior = "diagonal";  // of the encoder: diagonal | full
+  // The KL's gradient: reparam (closed form) | stl (path derivative) | auto (stl for a full
+  // posterior, where it was measured to help, reparam for a diagonal one)
+  std::string estimator = "auto";
   std::uint64_t seed = 0;
   int micro_blocks = 4;             // micro-blocks per global batch (independent of the ranks)
   std::string reduction = "exact";  // exact (int64 fixed point) | fast (double, rank-dependent)

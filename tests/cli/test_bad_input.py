@@ -176,6 +176,9 @@ def main():
         [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
          "--hidden", "4", "--latent", "1", "--max-iter", "1", "--batch-size", "100",
          "--bayesian-decoder", "--out", p("vae_bayes.h5")],
+        [caviar, "-q", "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian",
+         "--hidden", "4", "--latent", "2", "--max-iter", "1", "--batch-size", "100",
+         "--posterior", "full", "--out", p("vae_full.h5")],
     ]
     for argv in setup:
         r = subprocess.run(mpirun(1) + argv, capture_output=True, text=True, timeout=TIMEOUT)
@@ -197,6 +200,11 @@ def main():
     shutil.copyfile(p("vae_bayes.h5"), p("vae_bayes_bad_prior.h5"))
     with h5py.File(p("vae_bayes_bad_prior.h5"), "r+") as f:
         f.attrs["prior_scale"] = -1.0
+    # A full-posterior model as earlier versions wrote it: no "lower" attribute, its lower
+    # triangle absolute rather than relative to sigma.
+    shutil.copyfile(p("vae_full.h5"), p("vae_full_old.h5"))
+    with h5py.File(p("vae_full_old.h5"), "r+") as f:
+        del f.attrs["lower"]
     # An SVI checkpoint whose model's step count is no whole number.
     shutil.copyfile(p("ck_svi.h5"), p("ck_svi_steps.h5"))
     with h5py.File(p("ck_svi_steps.h5"), "r+") as f:
@@ -467,6 +475,7 @@ def main():
         ("vae resume: a gmm checkpoint", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("ck.h5"), "--out", out], "it was written by gmm, not vae"),
         ("vae resume: another data file", 2, [caviar, "vae", "train", "--data", p("other.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "1", "--batch-size", "100", "--resume", p("vae_ck.h5"), "--out", out], "its data differ from this run's --data"),
         ("vae train: unknown --posterior", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--posterior", "lowrank", "--out", out], "unknown --posterior 'lowrank'"),
+        ("vae train: unknown --estimator", 2, [caviar, "vae", "train", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--estimator", "score", "--out", out], "unknown --estimator 'score' (expected reparam, stl or auto)"),
         ("vae train --arch conv: rows that are not a square image", 2, [caviar, "vae", "train", "--arch", "conv", "--data", p("good.h5"), "--likelihood", "gaussian", "--latent", "2", "--out", out], "columns are not a square image; give --image CxHxW"),
         ("vae train --arch conv: an --image of another size", 2, [caviar, "vae", "train", "--arch", "conv", "--image", "1x1x3", "--data", p("good.h5"), "--likelihood", "gaussian", "--latent", "2", "--out", out], "--image 1x1x3 has 3 values; the data has 2 columns"),
         ("vae train --arch conv: more layers than the image allows", 2, [caviar, "vae", "train", "--arch", "conv", "--image", "1x1x2", "--channels", "4", "--data", p("good.h5"), "--likelihood", "gaussian", "--latent", "2", "--out", out], "--channels has 1 stride-2 layers, too many for 1 x 2 images"),
@@ -477,6 +486,7 @@ def main():
         ("vae train: --prior-scale 0", 2, [caviar, "vae", "train", "--bayesian-decoder", "--prior-scale", "0", "--data", p("good.h5"), "--likelihood", "gaussian", "--hidden", "4", "--latent", "2", "--out", out], "--prior-scale must be > 0"),
         ("vae score: no importance samples", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good.h5"), "--importance-samples", "0"], "--importance-samples must be >= 1"),
         ("vae score: a model file whose prior_scale is negative", 2, [caviar, "vae", "score", "--model", p("vae_bayes_bad_prior.h5"), "--data", p("good.h5")], "attribute prior_scale must be a positive number"),
+        ("vae score: a full-posterior model of an earlier version", 2, [caviar, "vae", "score", "--model", p("vae_full_old.h5"), "--data", p("good.h5")], "a full-posterior VAE of an earlier caviar, whose lower triangle is not relative to sigma; train it again"),
         ("vae score: data of another width", 2, [caviar, "vae", "score", "--model", p("vae_model.h5"), "--data", p("good3d.h5")], "columns; the model has"),
         ("checkpoint is the input", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("good.h5"), "--out", out), "same file as input"),
         ("bad --checkpoint-every", 2, fit(p("good.h5") + ":/X", "-k", "2", "--checkpoint", p("ck_new.h5"), "--checkpoint-every", "10x", "--out", out), "--checkpoint-every must be"),

@@ -210,6 +210,21 @@ TEST(VaeMpi, ConvResumeContinuesIdentically) {
   EXPECT_THROW(train(world(), wrong, nullptr), Error);
 }
 
+// A full-covariance encoder trained with the path-derivative gradient: the same bits at any rank
+// and thread count, and a different fit from the closed-form KL's gradient (the option reaches
+// the network).
+TEST(VaeMpi, FullPosteriorWithStlIdenticalForAnyRankCount) {
+  TrainOptions o = small_options();
+  o.posterior = "full";
+  o.estimator = "reparam";
+  omp_set_num_threads(2);
+  const TrainResult reparam = train(world(), o, nullptr);
+  o.estimator = "auto";  // stl for a full posterior
+  const TrainResult r = train(world(), o, nullptr);
+  EXPECT_FALSE(bitwise_equal(r.params, reparam.params));
+  expect_same_on_self(o, r, 1);
+}
+
 // The Bayesian decoder draws its weights once per step, keyed by (seed, parameter, step), and
 // adds each block's share of their KL: the same bits at any rank and thread count.
 TEST(VaeMpi, BayesianDecoderIdenticalForAnyRankCount) {

@@ -1,6 +1,7 @@
 // The VAE's layers and network against finite differences (in double) and closed forms.
 #include <gtest/gtest.h>
 
+#include <Eigen/Cholesky>
 #include <Eigen/LU>
 
 #include <cmath>
@@ -261,7 +262,7 @@ TEST(VaeNetwork, BayesianDecoderKlByHand) {
 }
 
 // The full posterior's ELBO term by term at one sample: z = mu + L eps with
-// L = M (.) L' + diag(sigma), the KL of N(mu, L L^T) from N(0, I) in closed form (Dense Eigen
+// L = diag(sigma) (I + M (.) L'), the KL of N(mu, L L^T) from N(0, I) in closed form (Dense Eigen
 // algebra here, independent of the network's loops), and the Gaussian log-likelihood of the
 // decoder's output at that z.
 TEST(VaeNetwork, FullPosteriorElboMatchesADirectComputation) {
@@ -286,7 +287,7 @@ TEST(VaeNetwork, FullPosteriorElboMatchesADirectComputation) {
   Eigen::MatrixXd L = Eigen::MatrixXd::Zero(z, z);
   for (int i = 0, e = 0; i < z; ++i) {
     L(i, i) = std::exp(lv[i] / 2);
-    for (int j = 0; j < i; ++j, ++e) L(i, j) = head(2 * z + e, 0);
+    for (int j = 0; j < i; ++j, ++e) L(i, j) = L(i, i) * head(2 * z + e, 0);
   }
   const Eigen::VectorXd zz = mu + L * eps.col(0);
   const Eigen::MatrixXd cov = L * L.transpose();
@@ -310,6 +311,115 @@ TEST(VaeNetwork, FullPosteriorElboMatchesADirectComputation) {
                        std::log(L.diagonal().prod());
   const double log_prior = -0.5 * (z * std::log(2 * std::numbers::pi) + zz.squaredNorm());
   EXPECT_NEAR(logw(0, 0), ll + log_prior - log_q, 1e-12);
+}
+
+// The path-derivative ("sticking the landing") gradient (Roeder, Wu & Duvenaud 2017). On a
+// linear-Gaussian model, x | z ~ N(W z + c, diag(e^v)), the posterior is Gaussian,
+// N(Sigma W^T D^-1 (x - c), Sigma) with Sigma^-1 = I + W^T D^-1 W, and an encoder without hidden
+// layers represents it exactly. There, log p(x, z) - log q(z | x) does not depend on z, so the
+// estimator's gradient in every encoder parameter is zero at every draw; the closed-form-KL
+// estimator's is not. The decoder's gradient is the same under both.
+void check_stl_at_exact_posterior(Posterior post) {
+  const int d = 4, z = 3, n = 3;
+  Architecture a{d, {}, z, Likelihood::kGaussian, post};
+  const Layout rep_layout(a);
+  a.stl = true;
+  const Layout stl_layout(a);
+  std::vector<double> p(static_cast<std::size_t>(rep_layout.n_params), 0.0);
+  const Dense& o = rep_layout.decoder.back();  // rows: the mean's d, then the log-variance's d
+  Eigen::MatrixXd w = random_mat(d, z, 31);
+  // A diagonal posterior is exact when W's columns are orthogonal in the D^-1 inner product.
+  if (post == Posterior::kDiagonal) w = Eigen::MatrixXd::Identity(d, z) * 1.3;
+  const Eigen::VectorXd c = random_mat(d, 1, 32), v = random_mat(d, 1, 33, -0.5, 0.5);
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j < z; ++j) p[o.w + i * z + j] = w(i, j);
+    p[o.b + i] = c[i];
+    p[o.b + d + i] = v[i];
+  }
+  const Eigen::MatrixXd wd = v.array().exp().inverse().matrix().asDiagonal() * w;  // D^-1 W
+  const Eigen::MatrixXd prec = Eigen::MatrixXd::Identity(z, z) + w.transpose() * wd;
+  const Eigen::MatrixXd sigma = prec.llt().solve(Eigen::MatrixXd::Identity(z, z));
+  const Eigen::MatrixXd chol = sigma.llt().matrixL();
+  const Eigen::MatrixXd gain = sigma * wd.transpose();  // posterior mean = gain (x - c)
+  const Dense& h = rep_layout.encoder.back();           // mu, log sigma^2, then L'
+  for (int i = 0; i < z; ++i) {
+    for (int j = 0; j < d; ++j) p[h.w + i * d + j] = gain(i, j);
+    p[h.b + i] = -(gain * c)[i];
+    p[h.b + z + i] = 2 * std::log(chol(i, i));
+  }
+  for (int i = 1, e = 0; i < z && post == Posterior::kFull; ++i)
+    for (int j = 0; j < i; ++j, ++e) p[h.b + 2 * z + e] = chol(i, j) / chol(i, i);
+  if (post == Posterior::kFull) {
+    ASSERT_GT(chol.bottomLeftCorner(z - 1, z - 1).norm(), 0.1);  // the triangle is used
+  }
+
+  const MatD x = random_mat(d, n, 34, -2, 2), eps = random_mat(z, n * 2, 35, -2, 2);
+  std::vector<double> g_rep(p.size()), g_stl(p.size());
+  Network<double> rep(rep_layout), stl(stl_layout);
+  const double e_rep = rep.run(p.data(), x, eps, 2, g_rep.data());
+  const double e_stl = stl.run(p.data(), x, eps, 2, g_stl.data());
+  EXPECT_EQ(e_rep, e_stl);  // the estimate of the ELBO itself is unchanged
+  double enc_rep = 0;
+  for (std::int64_t i = 0; i < h.out * h.in; ++i)
+    for (std::int64_t k : {h.w + i, i < h.out ? h.b + i : h.w}) {
+      EXPECT_NEAR(g_stl[k], 0.0, 1e-10) << "encoder parameter " << k;
+      enc_rep = std::max(enc_rep, std::abs(g_rep[k]));
+    }
+  EXPECT_GT(enc_rep, 1e-2);  // the closed-form estimator's per-draw gradient is not zero
+  for (std::int64_t i = 0; i < o.out * o.in; ++i)
+    for (std::int64_t k : {o.w + i, i < o.out ? o.b + i : o.w})
+      EXPECT_NEAR(g_stl[k], g_rep[k], 1e-12) << "decoder parameter " << k;
+}
+
+TEST(VaeNetwork, StlGradientVanishesAtTheExactPosteriorDiagonal) {
+  check_stl_at_exact_posterior(Posterior::kDiagonal);
+}
+
+TEST(VaeNetwork, StlGradientVanishesAtTheExactPosteriorFull) {
+  check_stl_at_exact_posterior(Posterior::kFull);
+}
+
+// Away from the posterior both estimators are unbiased for the same gradient: over M draws, the
+// mean of their per-draw difference is within 5 standard errors of zero in every parameter. A
+// dropped or mis-signed term (the prior's -z, the entropy's L^-T eps) would move it by many.
+TEST(VaeNetwork, StlGradientIsUnbiased) {
+  for (Posterior post : {Posterior::kDiagonal, Posterior::kFull}) {
+    Architecture a{5, {4}, 3, Likelihood::kBernoulli, post};
+    const Layout rep_layout(a);
+    a.stl = true;
+    const Layout stl_layout(a);
+    std::vector<double> p(static_cast<std::size_t>(rep_layout.n_params));
+    std::mt19937_64 gen(41);
+    std::uniform_real_distribution<double> u(-0.8, 0.8);
+    for (double& t : p) t = u(gen);
+    const MatD x = random_mat(5, 1, 42, 0, 1);
+    Network<double> rep(rep_layout), stl(stl_layout);
+    const int m = 20000;
+    std::vector<double> g_rep(p.size()), g_stl(p.size()), sum(p.size()), sum2(p.size());
+    std::mt19937_64 noise(43);
+    std::normal_distribution<double> normal;
+    MatD eps(3, 1);
+    for (int k = 0; k < m; ++k) {
+      for (int i = 0; i < 3; ++i) eps(i, 0) = normal(noise);
+      std::fill(g_rep.begin(), g_rep.end(), 0.0);
+      std::fill(g_stl.begin(), g_stl.end(), 0.0);
+      rep.run(p.data(), x, eps, 1, g_rep.data());
+      stl.run(p.data(), x, eps, 1, g_stl.data());
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        const double diff = g_stl[i] - g_rep[i];
+        sum[i] += diff;
+        sum2[i] += diff * diff;
+      }
+    }
+    int differing = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double mean = sum[i] / m, var = sum2[i] / m - mean * mean;
+      if (var > 0) ++differing;
+      EXPECT_LE(std::abs(mean), 5 * std::sqrt(var / m) + 1e-12)
+          << to_string(post) << " parameter " << i;
+    }
+    EXPECT_GT(differing, 10);  // the estimators do differ draw by draw
+  }
 }
 
 TEST(VaeNetwork, LayoutOfTheSeedNetwork) {
