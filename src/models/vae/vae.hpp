@@ -380,14 +380,23 @@ double Network<T>::loss(const Mat<T>& xr, int s, bool grad, Eigen::VectorXd* elb
     bernoulli_loglik<T>(out_, xr, ll_, inv_s, dout);
   else
     gaussian_loglik<T>(out_, xr, ll_, inv_s, dout);
-  kl_standard_normal<T>(mu, lv, kl_, T(1), grad ? &dmu_ : nullptr, grad ? &dlv_ : nullptr);
+  // With the path derivative (Architecture::stl) the KL's gradients come from add_stl in the
+  // backward pass, not from its closed form: only the KL's value is needed here, and the
+  // buffers that the backward pass accumulates into start at zero.
+  const bool kl_grad = grad && !layout_->arch.stl;
+  kl_standard_normal<T>(mu, lv, kl_, T(1), kl_grad ? &dmu_ : nullptr, kl_grad ? &dlv_ : nullptr);
+  if (grad && !kl_grad) {
+    dmu_.setZero(zdim, n);
+    dlv_.setZero(zdim, n);
+    if (nl) dlow_.setZero(nl, n);
+  }
   if (nl) {
     // KL(N(mu, L L^T) || N(0, I)) = 1/2 (tr(L L^T) + mu^T mu - Z - log det(L L^T)). With
     // L = diag(sigma) (I + M (.) L'), tr(L L^T) = sum_a sigma_a^2 (1 + r_a), r_a = sum_b L'_ab^2,
     // and det L = prod sigma: the diagonal KL plus 1/2 sum_a sigma_a^2 r_a, whose gradients are
     // sigma_a^2 L'_ab in L'_ab and sigma_a^2 r_a / 2 in log sigma_a^2.
     const auto low = head_.bottomRows(nl);
-    if (grad) dlow_.resize(nl, n);
+    if (kl_grad) dlow_.resize(nl, n);
     for (Eigen::Index i = 0; i < n; ++i) {
       double extra = 0;
       for (int a = 1, e = 0; a < zdim; ++a) {
@@ -395,21 +404,15 @@ double Network<T>::loss(const Mat<T>& xr, int s, bool grad, Eigen::VectorXd* elb
         T r = 0;
         for (int b = 0; b < a; ++b, ++e) {
           r += low(e, i) * low(e, i);
-          if (grad) dlow_(e, i) = s2 * low(e, i);
+          if (kl_grad) dlow_(e, i) = s2 * low(e, i);
         }
         extra += 0.5 * static_cast<double>(s2) * static_cast<double>(r);
-        if (grad) dlv_(a, i) += T(0.5) * s2 * r;
+        if (kl_grad) dlv_(a, i) += T(0.5) * s2 * r;
       }
       kl_(i) += extra;
     }
   }
 
-  // The path derivative replaces the closed-form KL's gradients (add_stl, in the backward pass).
-  if (grad && layout_->arch.stl) {
-    dmu_.setZero();
-    dlv_.setZero();
-    if (nl) dlow_.setZero();
-  }
   // Per-row ELBO in double: -KL + (1/S) sum_s log p(x | z_s).
   double total = 0;
   if (elbo_rows) elbo_rows->resize(n);
