@@ -4,12 +4,15 @@ uninterrupted run (README.md, "Checkpoint, resume, preemption").
 
 Mode `trials` (default): for each algorithm (CAVI, SVI with the adaptive schedule, EM) one
 uninterrupted 2-rank run is the reference. Then TRIALS trials (cycling over the algorithms) each
-start the same fit with --checkpoint, wait for a random (seeded) number of progress lines on
-stderr, and send SIGTERM the way SLURM does at preemption: to mpirun and to every process of the
-job (its two ranks). Checks: a non-zero exit, exactly one "stopped by SIGTERM" line, a
-checkpoint, no model written; then --resume runs to the end and its model file (every dataset
-and attribute, except timings and the command line), labels file and JSON summary must equal the
-reference byte for byte. Same rank and thread count throughout; the stop points must differ.
+start the same fit with --checkpoint and no end (--max-iter 10^6: a run of the reference's
+length could finish before a signal lands, as mpirun forwards stderr in bursts), wait for a
+random (seeded) number of progress lines on stderr, and send SIGTERM the way SLURM does at
+preemption: to mpirun and to every process of the job (its two ranks). Checks: a non-zero exit,
+exactly one "stopped by SIGTERM" line, a checkpoint, no model written; then --resume runs to the
+reference's length and its model file (every dataset and attribute, except timings and the
+command line), labels file and JSON summary must equal the reference byte for byte. A stop at
+or past that length resumes to a little past the stop and is compared with a straight run of
+that length. Same rank and thread count throughout; the stop points must differ.
 
 Mode `exit-codes`: the exit code 75 (kExitPreempted) and the launcher paths. "mpirun" trials
 run until the signal, then resume to a little past the stop (5 iterations, or 2 epochs) and are
@@ -108,8 +111,9 @@ def main():
     algs = ["cavi", "svi", "em"]
     # (algorithm, signal, how): job = mpirun and its ranks (as SLURM signals a job step);
     # mpirun = mpirun only; self = one caviar process without mpirun (no resume). mpirun passes
-    # signals on with a delay (USR1: up to some 0.5 s on a loaded machine; TERM: about 2 s), so
-    # "mpirun" trials run until the signal, then resume to a little past the stop and compare
+    # signals on with a delay (USR1: up to some 0.5 s on a loaded machine; TERM: about 2 s). All
+    # trials run until the signal; one that stops past the reference's length resumes to a
+    # little past the stop and compares
     # with a straight run of that length made afterwards.
     if mode == "trials":
         plan = [(algs[i % len(algs)], signal.SIGTERM, "job") for i in range(trials)]
@@ -141,9 +145,9 @@ def main():
         # line, so that the stop lands anywhere inside the next epoch, not only at its start.
         slow = alg == "svi" or alg in vaes
         delays.append(pick.uniform(0, 0.5 * refs[alg][2] / refs[alg][0]) if slow else 0.0)
-        # After a random progress line, never the last several (the run could finish before the
-        # signal lands): iteration lines come fast (1-10 ms apart, and mpirun forwards them in
-        # bursts), epoch lines slowly (about 0.1 s).
+        # After a random progress line, not the last several, so that most stops come before
+        # the reference's length (the comparison with the uninterrupted run): iteration lines
+        # come fast (1-10 ms apart, and mpirun forwards them in bursts), epoch lines slowly.
         margin = 20 if refs[alg][0] > 20 else 4
         afters.append(pick.randint(1, refs[alg][0] - margin))
 
@@ -155,8 +159,9 @@ def main():
         tag = f"t{trial}"
         ck = p(f"{tag}_ck.h5")
         ranks = 0 if how == "self" else RANKS
-        until_signal = how == "mpirun"
-        proc = subprocess.Popen(fit_cmd(alg, tag, ["--checkpoint", ck], ranks, 10**6 if until_signal else None),
+        # Every trial runs until its signal: a run of the reference's length could end before
+        # the signal lands (mpirun forwards the ranks' stderr in bursts, later on a loaded machine).
+        proc = subprocess.Popen(fit_cmd(alg, tag, ["--checkpoint", ck], ranks, 10**6),
                                 stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         seen, err_lines, sent, targets = 0, [], False, [proc.pid]
@@ -205,14 +210,17 @@ def main():
             # "iteration". CAVI/EM: the next iteration.
             where = int(f.attrs["model.steps" if alg == "svi" else "driver.steps" if alg in vaes
                                 else "iteration"])
-            # Where a run resumed from it can stop a little later: 5 iterations, or 2 epochs.
-            stop_at = (where + 5 if alg in ("cavi", "em") else int(f.attrs["iteration"]) + 2)
+            done = int(f.attrs["iteration"])  # iterations (CAVI, EM) or whole epochs done
+        # Resume to the reference's length and compare with the uninterrupted reference; if the
+        # stop came at or past that length, resume a little past the stop (5 iterations, or 2
+        # epochs) and compare with a straight run of that length made afterwards.
+        stop_at = None if done < length[alg] else done + (5 if alg in ("cavi", "em") else 2)
         unit = "step" if alg == "svi" or alg in vaes else "iteration"
         if how == "self":
             return False, [f"ok   trial {trial} ({alg}, one process): {name} after progress line "
                            f"{after}, exit {proc.returncode}, checkpoint at {unit} {where}"], alg, None
         ref_tag, ref_summary, iters = f"ref_{alg}", refs[alg][1], None
-        if until_signal:
+        if stop_at is not None:
             iters, ref_tag = stop_at, f"{tag}_ref"
             r = subprocess.run(fit_cmd(alg, ref_tag, iters=iters), capture_output=True, text=True,
                                timeout=TIMEOUT)
