@@ -5,12 +5,14 @@ at random points, then --resume, must give the same bytes as an uninterrupted ru
 Four configurations: CAVI in memory and --stream, SVI in memory (with a held-out corpus, so the
 perplexity trace is checked too) and --stream. For each, one uninterrupted 2-rank run is the
 reference. Then 8 trials (two per configuration, points drawn from a fixed seed) start the same
-fit with --checkpoint, wait for a random progress line plus a random part of an iteration, and
-send SIGTERM to the ranks (as SLURM signals a job step). Checks: exit code 75, exactly one
-"stopped by SIGTERM" line, a checkpoint, no model written. --resume then runs to the end (two
+fit with --checkpoint and no end (--max-iter 10^6, so that it cannot finish before the signal
+lands), wait for a random progress line plus a random part of an iteration, and send SIGTERM to
+the ranks (as SLURM signals a job step). Checks: exit code 75, exactly one "stopped by SIGTERM"
+line, a checkpoint, no model written. --resume then runs to the reference's length (two
 trials at another rank count, 3 and 1: LDA's results do not depend on it) and the model file
 (every dataset and attribute except timings and provenance) and the JSON summary (except timings
-and the rank count) must equal the reference byte for byte.
+and the rank count) must equal the reference byte for byte. A stop at or past that length
+resumes a little further and is compared with a straight run of that length.
 
 Then SIGTERM inside an SVI pass (in memory and --stream; the stop point is checked to be a
 minibatch boundary inside a pass, retried with another delay if the signal landed on a pass
@@ -73,10 +75,16 @@ def main():
                                 "--stream"],
     }
 
-    def fit_cmd(cfg, tag, extra=(), ranks=RANKS):
+    def length(cfg):
+        return int(configs[cfg][configs[cfg].index("--max-iter") + 1])
+
+    def fit_cmd(cfg, tag, extra=(), ranks=RANKS, iters=None):
+        args = list(configs[cfg])
+        if iters is not None:
+            args[args.index("--max-iter") + 1] = str(iters)
         return mpirun(ranks) + ["--mca", "btl", "self,vader", caviar, "lda", "fit", "--data",
-                                p("corpus.h5")] + configs[cfg] + ["--out", p(f"{tag}_model.h5")
-                                                                   ] + list(extra)
+                                p("corpus.h5")] + args + ["--out", p(f"{tag}_model.h5")
+                                                          ] + list(extra)
 
     refs = {}
     for cfg in configs:
@@ -109,8 +117,10 @@ def main():
         cfg, after, delay, resume_ranks = plan[trial]
         tag = f"t{trial}"
         ck = p(f"{tag}_ck.h5")
-        proc = subprocess.Popen(fit_cmd(cfg, tag, ["--checkpoint", ck]), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        # Until the signal (--max-iter 10^6): a run of the reference's length could end before
+        # the signal lands, as mpirun forwards the ranks' stderr in bursts.
+        proc = subprocess.Popen(fit_cmd(cfg, tag, ["--checkpoint", ck], iters=10**6),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         seen, err_lines, sent, targets = 0, [], False, []
         deadline = time.time() + TIMEOUT
         for line in proc.stderr:
@@ -152,13 +162,25 @@ def main():
         unit = "step" if cfg.startswith("svi") else "iteration"
         if mid_pass and where % STEPS == 0:
             return None, f"stopped at a pass boundary (step {where})", cfg, where
-        r = run(fit_cmd(cfg, tag, ["--resume", ck, "--checkpoint", ck], ranks=resume_ranks))
+        # Resume to the reference's length; a stop at or past it resumes a little further (5
+        # iterations, or 2 passes) and is compared with a straight run of that length.
+        with h5py.File(ck, "r") as f:
+            done = int(f.attrs["iteration"])
+        ref_tag, ref_summary, iters = f"ref_{cfg}", refs[cfg][1], None
+        if done >= length(cfg):
+            iters, ref_tag = done + (2 if cfg.startswith("svi") else 5), f"{tag}_ref"
+            r = run(fit_cmd(cfg, ref_tag, iters=iters))
+            if r.returncode != 0:
+                return True, f"FAIL trial {trial} ({cfg}): reference exited {r.returncode}", cfg, where
+            ref_summary = json_summary(r.stdout)
+        r = run(fit_cmd(cfg, tag, ["--resume", ck, "--checkpoint", ck], ranks=resume_ranks,
+                        iters=iters))
         if r.returncode != 0:
             return True, (f"FAIL trial {trial} ({cfg}): resume exited {r.returncode}:\n"
                           f"{r.stderr[-500:]}"), cfg, where
-        diffs = h5_differences(p(f"ref_{cfg}_model.h5"), p(f"{tag}_model.h5"))
-        if json_summary(r.stdout) != refs[cfg][1]:
-            diffs.append(f"JSON summary {json_summary(r.stdout)} != {refs[cfg][1]}")
+        diffs = h5_differences(p(f"{ref_tag}_model.h5"), p(f"{tag}_model.h5"))
+        if json_summary(r.stdout) != ref_summary:
+            diffs.append(f"JSON summary {json_summary(r.stdout)} != {ref_summary}")
         if diffs:
             return True, (f"FAIL trial {trial} ({cfg}, stopped at {unit} {where}, resumed at "
                           f"{resume_ranks} ranks): " + "; ".join(diffs[:6])), cfg, where
