@@ -17,23 +17,6 @@ int tree_top(std::int64_t total) {
   return top;
 }
 
-// The maximal tree nodes inside groups [a, b): each is summed by the rank that holds them, and
-// every node above them takes operands from more than one rank.
-std::vector<std::pair<int, std::int64_t>> own_nodes(std::int64_t a, std::int64_t b,
-                                                    std::int64_t total) {
-  const int top = tree_top(total);
-  std::vector<std::pair<int, std::int64_t>> nodes;
-  for (std::int64_t pos = a; pos < b;) {
-    int l = 0;
-    while (l < top && pos % (std::int64_t{2} << l) == 0 &&
-           std::min(pos + (std::int64_t{2} << l), total) <= b)
-      ++l;
-    nodes.emplace_back(l, pos >> l);
-    pos = std::min(pos + (std::int64_t{1} << l), total);
-  }
-  return nodes;
-}
-
 // Sorts values in [0, n) ascending: least-significant-digit radix sort, 11 bits a pass. Every rank
 // sorts a step's B positions, so this is work that more ranks do not share; std::sort took about
 // 40 us for B = 1024 (branch mispredictions), about 7% of a 2-rank step at N = 1e7.
@@ -56,34 +39,59 @@ void radix_sort(std::vector<std::int64_t>& v, std::int64_t n) {
 
 }  // namespace
 
-std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
-                               std::int64_t count, std::int64_t total) {
-  const auto nodes = own_nodes(first, first + count, total);
-  const std::int64_t r = width;
-  std::vector<double> packed(nodes.size() * static_cast<std::size_t>(r + 2));
-  // In place, bottom-up (the left operand keeps the sum), in slices of the values so that threads
-  // share the work without changing any addition.
-  constexpr std::int64_t kSlice = 512;
-  parallel_blocks(r, kSlice, max_threads(), [&](int, std::int64_t c0, std::int64_t c1) {
-    for (std::size_t m = 0; m < nodes.size(); ++m) {
-      const auto [l, i] = nodes[m];
-      const std::int64_t o = (i << l) - first;  // local index of its first group
-      const std::int64_t n = std::min(std::int64_t{1} << l, total - (i << l));
-      for (std::int64_t step = 1; step < n; step *= 2)
-        for (std::int64_t j = 0; j + step < n; j += 2 * step) {
-          double* left = vals + (o + j) * r;
-          const double* right = vals + (o + j + step) * r;
-          for (std::int64_t c = c0; c < c1; ++c) left[c] += right[c];
-        }
-      std::copy(vals + o * r + c0, vals + o * r + c1,
-                packed.data() + m * static_cast<std::size_t>(r + 2) + 2 + c0);
+TreeStack::TreeStack(std::int64_t width, std::int64_t total)
+    : width_(width), total_(total), top_(tree_top(total)) {
+  // At most one waiting node per level, and the one being pushed.
+  values_.reserve(static_cast<std::size_t>((top_ + 2) * width_));
+}
+
+double* TreeStack::next() {
+  const std::size_t need = (ids_.size() + 1) * static_cast<std::size_t>(width_);
+  if (values_.size() < need) values_.resize(need);
+  return values_.data() + ids_.size() * static_cast<std::size_t>(width_);
+}
+
+void TreeStack::push(int level, std::int64_t index) {
+  ids_.emplace_back(level, index);
+  for (;;) {
+    const auto [l, i] = ids_.back();
+    if (l >= top_) return;
+    if (i % 2 == 0) {
+      // No right half in the pass: the parent is this node alone, over the same groups.
+      if (((i + 1) << l) >= total_) {
+        ids_.back() = {l + 1, i / 2};
+        continue;
+      }
+      return;
     }
-  });
-  for (std::size_t m = 0; m < nodes.size(); ++m) {
-    packed[m * static_cast<std::size_t>(r + 2)] = nodes[m].first;
-    packed[m * static_cast<std::size_t>(r + 2) + 1] = static_cast<double>(nodes[m].second);
+    // A right child whose left sibling waits below it: every stack holds the nodes of one
+    // contiguous range in order, so the parent lies inside that range too.
+    if (ids_.size() < 2 || ids_[ids_.size() - 2] != std::pair{l, i - 1}) return;
+    double* left = values_.data() + (ids_.size() - 2) * static_cast<std::size_t>(width_);
+    const double* right = left + width_;
+    for (std::int64_t c = 0; c < width_; ++c) left[c] += right[c];
+    ids_.pop_back();
+    ids_.back() = {l + 1, i / 2};
   }
-  return packed;
+}
+
+void TreeStack::append(const TreeStack& other) {
+  for (std::size_t m = 0; m < other.ids_.size(); ++m) {
+    const double* v = other.values_.data() + m * static_cast<std::size_t>(width_);
+    std::copy(v, v + width_, next());
+    push(other.ids_[m].first, other.ids_[m].second);
+  }
+}
+
+std::vector<double> TreeStack::packed() const {
+  const std::size_t r = static_cast<std::size_t>(width_);
+  std::vector<double> out(ids_.size() * (r + 2));
+  for (std::size_t m = 0; m < ids_.size(); ++m) {
+    out[m * (r + 2)] = ids_[m].first;
+    out[m * (r + 2) + 1] = static_cast<double>(ids_[m].second);
+    std::copy(values_.data() + m * r, values_.data() + (m + 1) * r, out.data() + m * (r + 2) + 2);
+  }
+  return out;
 }
 
 std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
@@ -112,27 +120,24 @@ DrawSums reduce_draws(
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
     const std::function<void(std::span<const std::int64_t>)>& prefetch) {
   const std::int64_t r = samples * width, n_local = groups.size();
-  // One buffer for every call on this thread, written in full by the blocks: a step's values
-  // are megabytes (at N = 1e6 a 1,024-row minibatch is about 1,000 groups of S x W), and a
-  // fresh zeroed vector cost a memset and page faults at every step.
-  // (The worker threads must see this thread's buffer, not their own: `all` is a plain pointer.)
-  thread_local std::vector<double> vals;
-  if (vals.size() < static_cast<std::size_t>(n_local * r))
-    vals.resize(static_cast<std::size_t>(n_local * r));
-  double* const all = vals.data();
-  // Contiguous ranges of groups per thread, each prefetching kAhead groups ahead of its block.
+  // Contiguous ranges of groups per thread, each prefetching kAhead groups ahead of its block and
+  // summing its groups' subtrees as they come; then the threads' nodes in order, on this thread.
   constexpr std::int64_t kAhead = 4;
   const int threads = max_threads();
   const std::int64_t per = std::max<std::int64_t>(1, (n_local + threads - 1) / threads);
+  std::vector<TreeStack> parts((n_local + per - 1) / per, TreeStack(r, groups.total));
   parallel_blocks(n_local, per, threads, [&](int, std::int64_t k0, std::int64_t k1) {
+    TreeStack& tree = parts[static_cast<std::size_t>(k0 / per)];
     for (std::int64_t k = k0; k < std::min(k1, k0 + kAhead) && prefetch; ++k)
       prefetch(groups.group(k));
     for (std::int64_t k = k0; k < k1; ++k) {
       if (prefetch && k + kAhead < k1) prefetch(groups.group(k + kAhead));
-      block(groups.group(k), std::span<double>(all + k * r, static_cast<std::size_t>(r)));
+      block(groups.group(k), std::span<double>(tree.next(), static_cast<std::size_t>(r)));
+      tree.push(0, groups.first + k);
     }
   });
-  std::vector<double> mine = tree_nodes(all, r, groups.first, n_local, groups.total);
+  for (std::size_t p = 1; p < parts.size(); ++p) parts[0].append(parts[p]);
+  std::vector<double> mine = parts.empty() ? std::vector<double>{} : parts[0].packed();
   DrawSums out;
   if (comm.size() > 1) {
     const Stopwatch watch;

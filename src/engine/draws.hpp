@@ -43,6 +43,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -113,12 +114,31 @@ DrawSums reduce_draws(
 // 2^top >= G. Every sum in it is one double addition of fixed operands, so the root's bits
 // depend on the groups' values alone, not on which rank or thread added what (pairwise
 // summation: Higham 1993), and a rank sends O(log G) nodes, not its G / p groups.
-//   tree_nodes  the largest nodes inside groups [first, first + count) (vals: `width` values per
-//               group, S x W for a draws pass, overwritten), packed as [l, i, width values] one
-//               after another
-//   tree_root   the root from every rank's packed nodes
-std::vector<double> tree_nodes(double* vals, std::int64_t width, std::int64_t first,
-                               std::int64_t count, std::int64_t total);
+//
+// TreeStack builds the nodes inside one contiguous range of groups as their values arrive, in
+// order, like a binary counter: a pushed node joins its left sibling on top of the stack into
+// their parent, so at most one node per level waits and the values stay in cache (a pass's
+// groups are megabytes, S x W values each, at N = 1e6 and B = 1,024).
+class TreeStack {
+ public:
+  // `width` values per node, `total` groups in the pass (G).
+  TreeStack(std::int64_t width, std::int64_t total);
+  // Where to write the next node's values, then push(l, i) it (group k is the node (0, k)).
+  double* next();
+  void push(int level, std::int64_t index);
+  // Copies the nodes of `other`, which follow this stack's in group order, onto it.
+  void append(const TreeStack& other);
+  // The waiting nodes, packed as [l, i, width values] one after another: the largest nodes
+  // inside the range pushed.
+  std::vector<double> packed() const;
+
+ private:
+  std::int64_t width_, total_;
+  int top_;
+  std::vector<std::pair<int, std::int64_t>> ids_;
+  std::vector<double> values_;  // ids_.size() + 1 slots of width_ values
+};
+// The root from every rank's packed nodes.
 std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
                               std::int64_t total);
 

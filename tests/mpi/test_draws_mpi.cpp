@@ -1,7 +1,8 @@
 // The draws driver's reduction (engine/draws.hpp): per-draw sums over kBlockRows groups of sharded
-// rows, the same bits at every rank and thread count, for a full pass and for sparse minibatches,
-// and close to the exact sum.
+// rows, the same bits at every rank and thread count as the tree summed by recursion on one
+// process, for a full pass and for sparse minibatches, and close to the exact sum.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -35,14 +36,30 @@ void block(std::int64_t begin, std::span<const std::int64_t> rows, std::span<dou
         out[std::size_t(s * kWidth + j)] += value(begin + r, s, j);
 }
 
-// The groups' sums on one process: every group of every rank, in global order.
+// Node (l, i) of the sum tree from its definition (engine/draws.hpp): the sum of groups
+// [i 2^l, min((i + 1) 2^l, G)), its two halves added element by element, or the left half alone.
+std::vector<double> tree_node(const std::vector<double>& vals, std::int64_t total, int l,
+                              std::int64_t i) {
+  const std::size_t w = kSamples * kWidth;
+  if (l == 0) return {vals.begin() + i * std::int64_t(w), vals.begin() + (i + 1) * std::int64_t(w)};
+  std::vector<double> sum = tree_node(vals, total, l - 1, 2 * i);
+  if (((2 * i + 1) << (l - 1)) < total) {
+    const std::vector<double> right = tree_node(vals, total, l - 1, 2 * i + 1);
+    for (std::size_t c = 0; c < w; ++c) sum[c] += right[c];
+  }
+  return sum;
+}
+
+// The groups' sums on one process: every group of every rank, in global order, summed over the
+// tree by recursion.
 std::vector<double> serial(std::int64_t n, const std::function<Groups(RowRange)>& groups_of) {
   const Groups g = groups_of({0, n});
   std::vector<double> vals(static_cast<std::size_t>(g.size() * kSamples * kWidth));
   for (std::int64_t k = 0; k < g.size(); ++k)
     block(0, g.group(k), {vals.data() + k * kSamples * kWidth, std::size_t(kSamples * kWidth)});
-  const auto nodes = detail::tree_nodes(vals.data(), kSamples * kWidth, 0, g.size(), g.total);
-  return detail::tree_root(nodes, kSamples * kWidth, g.total);
+  int top = 0;
+  while ((std::int64_t{1} << top) < g.total) ++top;
+  return tree_node(vals, g.total, top, 0);
 }
 
 void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& groups_of,
@@ -50,15 +67,23 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
   const Comm world = Comm::world();
   const RowRange mine = partition_rows(n, world.size(), world.rank());
   const Groups g = groups_of(mine);
-  const detail::DrawSums d = detail::reduce_draws(
-      world, kSamples, kWidth, g, [&](std::span<const std::int64_t> rows, std::span<double> out) {
-        block(mine.begin, rows, out);
-      });
   const std::vector<double> ref = serial(n, groups_of);
-  ASSERT_EQ(d.sums.size(), ref.size());
-  EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
-      << what << " at " << world.size() << " ranks";
-  EXPECT_EQ(d.dropped, 0);
+  // Each thread sums the subtrees of its own range of groups: 1, 2, 3 and 5 threads split the
+  // groups at different places.
+  const int threads = omp_get_max_threads();
+  detail::DrawSums d;
+  for (const int t : {1, 2, 3, 5}) {
+    omp_set_num_threads(t);
+    d = detail::reduce_draws(world, kSamples, kWidth, g,
+                             [&](std::span<const std::int64_t> rows, std::span<double> out) {
+                               block(mine.begin, rows, out);
+                             });
+    ASSERT_EQ(d.sums.size(), ref.size());
+    EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
+        << what << " at " << world.size() << " ranks x " << t << " threads";
+    EXPECT_EQ(d.dropped, 0);
+  }
+  omp_set_num_threads(threads);
   // Pairwise summation: within a few ulps of the long double sum of every row's value.
   const Groups all = groups_of({0, n});
   for (int s = 0; s < kSamples; ++s)
