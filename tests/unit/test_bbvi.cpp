@@ -53,33 +53,35 @@ void expect_close(const Vec& a, const Vec& b, double tol) {
 }
 
 TEST(BbviGlm, GradientsMatchFiniteDifferences) {
-  const int n = 9, d = 3;
-  const Vec x = normals(n * d, 1);
-  for (Likelihood lik :
-       {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
-    Glm m;
-    m.likelihood = lik;
-    m.features = d;
-    m.classes = 4;
-    m.noise_sd = 0.7;
-    m.prior_scale = 1.3;
-    Vec y(n);
-    for (int i = 0; i < n; ++i)
-      y[i] = lik == Likelihood::kLinear    ? 0.3 * i - 1
-             : lik == Likelihood::kSoftmax ? i % 4
-                                           : i % 2 + (lik == Likelihood::kPoisson ? i / 3 : 0);
-    m.check_responses(y, 0);
-    const Vec theta = normals(static_cast<std::size_t>(m.n_params()), 2, 0.5);
-    Vec g(theta.size(), 0.0);
-    m.loglik(theta, x, y, g);
-    m.log_prior(theta, g);
-    const auto f = [&](const Vec& t) {
-      Vec scratch(t.size(), 0.0);
-      return m.loglik(t, x, y, scratch) + m.log_prior(t, scratch);
-    };
-    SCOPED_TRACE(to_string(lik));
-    expect_close(g, numeric_grad(f, theta), 1e-6);
-  }
+  // One row takes its own path for one-output likelihoods (most minibatch groups at large N).
+  for (const int n : {9, 1})
+    for (Likelihood lik :
+         {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
+      const int d = 3;
+      const Vec x = normals(n * d, 1);
+      Glm m;
+      m.likelihood = lik;
+      m.features = d;
+      m.classes = 4;
+      m.noise_sd = 0.7;
+      m.prior_scale = 1.3;
+      Vec y(n);
+      for (int i = 0; i < n; ++i)
+        y[i] = lik == Likelihood::kLinear    ? 0.3 * i - 1
+               : lik == Likelihood::kSoftmax ? i % 4
+                                             : i % 2 + (lik == Likelihood::kPoisson ? i / 3 : 0);
+      m.check_responses(y, 0);
+      const Vec theta = normals(static_cast<std::size_t>(m.n_params()), 2, 0.5);
+      Vec g(theta.size(), 0.0);
+      m.loglik(theta, x, y, g);
+      m.log_prior(theta, g);
+      const auto f = [&](const Vec& t) {
+        Vec scratch(t.size(), 0.0);
+        return m.loglik(t, x, y, scratch) + m.log_prior(t, scratch);
+      };
+      SCOPED_TRACE(to_string(lik) + ", " + std::to_string(n) + " rows");
+      expect_close(g, numeric_grad(f, theta), 1e-6);
+    }
 }
 
 Glm test_glm(Likelihood lik, int d) {
@@ -99,34 +101,35 @@ Vec test_responses(Likelihood lik, int n) {
 }
 
 TEST(BbviGlm, DrawsAtOnceEqualOneByOneAndIgnoreAlignment) {
-  const int n = 37, d = 5, samples = 3;
-  const Vec x = normals(n * d, 12);
-  for (Likelihood lik :
-       {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
-    SCOPED_TRACE(to_string(lik));
-    const Glm m = test_glm(lik, d);
-    const Vec y = test_responses(lik, n);
-    const auto p = static_cast<std::size_t>(m.n_params());
-    const Vec theta = normals(samples * p, 13, 0.4);
-    Vec f(samples, 0.0), g(samples * p, 0.0);
-    m.loglik_draws(theta, samples, x, y, f, g);
-    // Without the gradient (the ELBO and diagnostic passes): the same log-likelihoods.
-    Vec f_only(samples, 0.0);
-    m.loglik_draws(theta, samples, x, y, f_only, {});
-    EXPECT_EQ(f, f_only);
-    for (int s = 0; s < samples; ++s) {
-      Vec gs(p, 0.0);
-      const double fs = m.loglik({theta.data() + s * p, p}, x, y, gs);
-      EXPECT_NEAR(f[s], fs, 1e-12 * std::abs(fs));
-      for (std::size_t j = 0; j < p; ++j) EXPECT_NEAR(g[s * p + j], gs[j], 1e-11);
+  for (const int n : {37, 1})
+    for (Likelihood lik :
+         {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
+      const int d = 5, samples = 3;
+      const Vec x = normals(n * d, 12);
+      SCOPED_TRACE(to_string(lik) + ", " + std::to_string(n) + " rows");
+      const Glm m = test_glm(lik, d);
+      const Vec y = test_responses(lik, n);
+      const auto p = static_cast<std::size_t>(m.n_params());
+      const Vec theta = normals(samples * p, 13, 0.4);
+      Vec f(samples, 0.0), g(samples * p, 0.0);
+      m.loglik_draws(theta, samples, x, y, f, g);
+      // Without the gradient (the ELBO and diagnostic passes): the same log-likelihoods.
+      Vec f_only(samples, 0.0);
+      m.loglik_draws(theta, samples, x, y, f_only, {});
+      EXPECT_EQ(f, f_only);
+      for (int s = 0; s < samples; ++s) {
+        Vec gs(p, 0.0);
+        const double fs = m.loglik({theta.data() + s * p, p}, x, y, gs);
+        EXPECT_NEAR(f[s], fs, 1e-12 * std::abs(fs));
+        for (std::size_t j = 0; j < p; ++j) EXPECT_NEAR(g[s * p + j], gs[j], 1e-11);
+      }
+      // The same block one double further into memory: the same bits.
+      Vec x2(x.size() + 1), f2(samples, 0.0), g2(g.size(), 0.0);
+      std::copy(x.begin(), x.end(), x2.begin() + 1);
+      m.loglik_draws(theta, samples, {x2.data() + 1, x.size()}, y, f2, g2);
+      EXPECT_EQ(f, f2);
+      EXPECT_EQ(g, g2);
     }
-    // The same block one double further into memory: the same bits.
-    Vec x2(x.size() + 1), f2(samples, 0.0), g2(g.size(), 0.0);
-    std::copy(x.begin(), x.end(), x2.begin() + 1);
-    m.loglik_draws(theta, samples, {x2.data() + 1, x.size()}, y, f2, g2);
-    EXPECT_EQ(f, f2);
-    EXPECT_EQ(g, g2);
-  }
 }
 
 TEST(BbviGlm, HandValues) {

@@ -96,7 +96,15 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
   const Eigen::Map<const RowMajor, 0, Stride> w(theta.data(), samples * c, d, Stride(d + 1));
   const auto cols = static_cast<std::size_t>(samples * c);
   RowMap eta(thread_scratch<EtaTag>(static_cast<std::size_t>(n) * cols), n, samples * c);
-  eta.noalias() = xm * w.transpose();
+  // One row and one output (most minibatch groups when N >> B): S dot products, and below S
+  // scaled copies of the row, without a matrix product's dispatch and packing, which took most
+  // of such a group's time. Gradient bits are those of the product (one rounding each); eta's
+  // are a fixed function of the row and the draws, as the product's were.
+  const bool one_row = n == 1 && c == 1;
+  if (one_row)
+    for (int s = 0; s < samples; ++s) eta(0, s) = w.row(s).dot(xm.row(0));
+  else
+    eta.noalias() = xm * w.transpose();
   RowMap r(thread_scratch<ResidualTag>(static_cast<std::size_t>(n) * cols), n,
            samples * c);  // d log p / d eta
   const double inv_var = 1.0 / (noise_sd * noise_sd);
@@ -143,7 +151,10 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
   if (grad.empty()) return;  // the log-likelihoods only (ELBO and diagnostic passes)
   // Weights: grad_w(s * C + k, :) += r(:, s * C + k)^T X; intercepts: column sums in row order.
   Eigen::Map<RowMajor, 0, Stride> gw(grad.data(), samples * c, d, Stride(d + 1));
-  gw.noalias() += r.transpose() * xm;
+  if (one_row)
+    for (int s = 0; s < samples; ++s) gw.row(s) += r(0, s) * xm.row(0);
+  else
+    gw.noalias() += r.transpose() * xm;
   for (int j = 0; j < samples * c; ++j) {
     double sb = 0;
     for (Eigen::Index i = 0; i < n; ++i) sb += r(i, j);
