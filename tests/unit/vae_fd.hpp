@@ -50,6 +50,31 @@ inline void expect_gradient(std::vector<double>& v, const std::function<double()
   EXPECT_GT(norm, 1e-8) << what;
 }
 
+// Two unbiased estimators of the same gradient: over m draws (each call draw(a, b) fills both for
+// a new draw), the mean of their per-draw difference a - b is within 5 standard errors of zero in
+// every parameter, and they do differ draw by draw (in more than 10 parameters).
+inline void expect_same_mean(
+    std::size_t n_params, int m,
+    const std::function<void(std::vector<double>&, std::vector<double>&)>& draw,
+    const std::string& what) {
+  std::vector<double> a(n_params), b(n_params), sum(n_params), sum2(n_params);
+  for (int k = 0; k < m; ++k) {
+    draw(a, b);
+    for (std::size_t i = 0; i < n_params; ++i) {
+      const double diff = a[i] - b[i];
+      sum[i] += diff;
+      sum2[i] += diff * diff;
+    }
+  }
+  int differing = 0;
+  for (std::size_t i = 0; i < n_params; ++i) {
+    const double mean = sum[i] / m, var = sum2[i] / m - mean * mean;
+    if (var > 0) ++differing;
+    EXPECT_LE(std::abs(mean), 5 * std::sqrt(var / m) + 1e-12) << what << " parameter " << i;
+  }
+  EXPECT_GT(differing, 10) << what;
+}
+
 inline std::vector<double> to_vec(const MatD& m) {
   return {m.data(), m.data() + m.size()};
 }
