@@ -41,8 +41,9 @@ void radix_sort(std::vector<std::int64_t>& v, std::int64_t n) {
 
 TreeStack::TreeStack(std::int64_t width, std::int64_t total)
     : width_(width), total_(total), top_(tree_top(total)) {
-  // At most one waiting node per level, and the one being pushed.
-  values_.reserve(static_cast<std::size_t>((top_ + 2) * width_));
+  // Waiting nodes: those whose left sibling lies before the range (at rising levels), then at
+  // most one per level; and the one being pushed.
+  values_.reserve(static_cast<std::size_t>((2 * top_ + 3) * width_));
 }
 
 double* TreeStack::next() {
@@ -125,7 +126,9 @@ DrawSums reduce_draws(
   constexpr std::int64_t kAhead = 4;
   const int threads = max_threads();
   const std::int64_t per = std::max<std::int64_t>(1, (n_local + threads - 1) / threads);
-  std::vector<TreeStack> parts((n_local + per - 1) / per, TreeStack(r, groups.total));
+  std::vector<TreeStack> parts;  // built in place: each reserves its levels
+  parts.reserve(static_cast<std::size_t>((n_local + per - 1) / per));
+  for (std::int64_t k = 0; k < n_local; k += per) parts.emplace_back(r, groups.total);
   parallel_blocks(n_local, per, threads, [&](int, std::int64_t k0, std::int64_t k1) {
     TreeStack& tree = parts[static_cast<std::size_t>(k0 / per)];
     for (std::int64_t k = k0; k < std::min(k1, k0 + kAhead) && prefetch; ++k)

@@ -117,8 +117,8 @@ DrawSums reduce_draws(
 //
 // TreeStack builds the nodes inside one contiguous range of groups as their values arrive, in
 // order, like a binary counter: a pushed node joins its left sibling on top of the stack into
-// their parent, so at most one node per level waits and the values stay in cache (a pass's
-// groups are megabytes, S x W values each, at N = 1e6 and B = 1,024).
+// their parent, so O(log G) nodes wait and the values stay in cache (a pass's groups are
+// megabytes, S x W values each, at N = 1e6 and B = 1,024).
 class TreeStack {
  public:
   // `width` values per node, `total` groups in the pass (G).
