@@ -1,7 +1,6 @@
 #include "engine/draws.hpp"
 
 #include <Eigen/Core>
-#include <map>
 #include <utility>
 
 #include "core/error.hpp"
@@ -84,6 +83,21 @@ void TreeStack::append(const TreeStack& other) {
   }
 }
 
+void TreeStack::append(std::span<const double> packed) {
+  const std::size_t r = static_cast<std::size_t>(width_);
+  for (std::size_t m = 0; m + r + 2 <= packed.size(); m += r + 2) {
+    std::copy(packed.data() + m + 2, packed.data() + m + 2 + r, next());
+    push(static_cast<int>(packed[m]), static_cast<std::int64_t>(packed[m + 1]));
+  }
+}
+
+std::vector<double> TreeStack::root() const {
+  if (total_ == 0) return std::vector<double>(static_cast<std::size_t>(width_), 0.0);
+  if (ids_.size() != 1 || ids_[0] != std::pair{top_, std::int64_t{0}})
+    throw Error("internal: a group's sums are missing from the draws' reduction");
+  return {values_.begin(), values_.begin() + width_};
+}
+
 std::vector<double> TreeStack::packed() const {
   const std::size_t r = static_cast<std::size_t>(width_);
   std::vector<double> out(ids_.size() * (r + 2));
@@ -93,27 +107,6 @@ std::vector<double> TreeStack::packed() const {
     std::copy(values_.data() + m * r, values_.data() + (m + 1) * r, out.data() + m * (r + 2) + 2);
   }
   return out;
-}
-
-std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
-                              std::int64_t total) {
-  const std::int64_t r = width;
-  if (total == 0) return std::vector<double>(static_cast<std::size_t>(r), 0.0);
-  std::map<std::pair<int, std::int64_t>, const double*> have;
-  for (std::size_t m = 0; m < packed.size(); m += static_cast<std::size_t>(r + 2))
-    have[{static_cast<int>(packed[m]), static_cast<std::int64_t>(packed[m + 1])}] = &packed[m + 2];
-  const std::function<std::vector<double>(int, std::int64_t)> node = [&](int l, std::int64_t i) {
-    if (const auto it = have.find({l, i}); it != have.end())
-      return std::vector<double>(it->second, it->second + r);
-    if (l == 0) throw Error("internal: a group's sums are missing from the draws' reduction");
-    std::vector<double> sum = node(l - 1, 2 * i);
-    if (((2 * i + 1) << (l - 1)) < total) {
-      const std::vector<double> right = node(l - 1, 2 * i + 1);
-      for (std::size_t c = 0; c < sum.size(); ++c) sum[c] += right[c];
-    }
-    return sum;
-  };
-  return node(tree_top(total), 0);
 }
 
 DrawSums reduce_draws(
@@ -140,14 +133,20 @@ DrawSums reduce_draws(
     }
   });
   for (std::size_t p = 1; p < parts.size(); ++p) parts[0].append(parts[p]);
-  std::vector<double> mine = parts.empty() ? std::vector<double>{} : parts[0].packed();
   DrawSums out;
   if (comm.size() > 1) {
+    // Every rank's nodes in rank order, that is in group order, onto one stack: what remains is
+    // the root, the same additions as on one rank.
+    const std::vector<double> mine = parts.empty() ? std::vector<double>{} : parts[0].packed();
     const Stopwatch watch;
-    mine = comm.allgatherv(mine);
+    const std::vector<double> all = comm.allgatherv(mine);
     out.reduce_seconds += watch.seconds();
+    TreeStack tree(r, groups.total);
+    tree.append(all);
+    out.sums = tree.root();
+  } else {
+    out.sums = parts.empty() ? TreeStack(r, groups.total).root() : parts[0].root();
   }
-  out.sums = tree_root(mine, r, groups.total);
   // A non-finite value in any group makes its draw's sum non-finite: that draw has no estimate
   // and is dropped, the same way on every rank.
   out.kept.assign(static_cast<std::size_t>(samples), 1);

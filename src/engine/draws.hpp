@@ -128,9 +128,14 @@ class TreeStack {
   void push(int level, std::int64_t index);
   // Copies the nodes of `other`, which follow this stack's in group order, onto it.
   void append(const TreeStack& other);
+  // The same for nodes packed as packed() writes them (several ranks' one after another).
+  void append(std::span<const double> packed);
   // The waiting nodes, packed as [l, i, width values] one after another: the largest nodes
   // inside the range pushed.
   std::vector<double> packed() const;
+  // The root's values, once every group has been pushed; throws if some are missing. Zeros when
+  // the pass has no group.
+  std::vector<double> root() const;
 
  private:
   std::int64_t width_, total_;
@@ -138,9 +143,6 @@ class TreeStack {
   std::vector<std::pair<int, std::int64_t>> ids_;
   std::vector<double> values_;  // ids_.size() + 1 slots of width_ values
 };
-// The root from every rank's packed nodes.
-std::vector<double> tree_root(std::span<const double> packed, std::int64_t width,
-                              std::int64_t total);
 
 // Step t's minibatch on this rank: positions inside `rows`, as local indices grouped by block.
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,

@@ -113,8 +113,7 @@ def main():
     # mpirun = mpirun only; self = one caviar process without mpirun (no resume). mpirun passes
     # signals on with a delay (USR1: up to some 0.5 s on a loaded machine; TERM: about 2 s). All
     # trials run until the signal; one that stops past the reference's length resumes to a
-    # little past the stop and compares
-    # with a straight run of that length made afterwards.
+    # little past the stop and compares with a straight run of that length made afterwards.
     if mode == "trials":
         plan = [(algs[i % len(algs)], signal.SIGTERM, "job") for i in range(trials)]
     elif mode == "vae":
