@@ -143,6 +143,38 @@ void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
   state.counters["threads"] = threads;
 }
 
+// The forward-backward alone, as `hmm fit --posteriors` and `hmm score` with marginals run it
+// (Model::posteriors: alpha, beta and gamma_t = alpha_t o beta_t written out, no statistics), with
+// the flop count the HMM's cost is usually quoted in: 4 T K^2 (alpha_{t-1}' A and A u_t, 2 K^2 each
+// per step) plus the emissions. "peak_all" adds the order-T K flops as the code performs them, per
+// step and state: 3 in the forward, 3 in the backward (u_t = b_t o beta_t / c_t, gamma_t), and for
+// Gaussian emissions D^2 + 3 D + 1 for the log density; the exponentials are not counted.
+void Posteriors(benchmark::State& state, Emission e, std::int64_t n) {
+  const int k = static_cast<int>(state.range(0));
+  Problem p(e, k, n);
+  Model model(p.cfg, &p.source, p.summary);
+  model.init_random(1);
+  std::vector<double> gamma(static_cast<std::size_t>(kSteps * k));
+  model.posteriors(p.seqs, gamma);  // untimed: the output's pages are touched once
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
+  for (auto _ : state) {
+    model.posteriors(p.seqs, gamma);
+    benchmark::DoNotOptimize(gamma.data());
+  }
+  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double it = static_cast<double>(state.iterations());
+  const double emissions = e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
+  const double gflop = (4.0 * k * k + emissions * k) * kSteps * it * 1e-9;
+  const double gflop_all = (4.0 * k * k + (emissions + 6) * k) * kSteps * it * 1e-9;
+  state.counters["GFLOP/s"] = gflop / sec;
+  state.counters["GFLOP/cpu-s"] = gflop / cpu;
+  state.counters["peak"] = gflop / cpu / g_peak;
+  state.counters["peak_all"] = gflop_all / cpu / g_peak;
+  state.counters["threads"] = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
+}
+
 void args(benchmark::internal::Benchmark* b) {
   for (int k : {8, 32, 64, 128}) b->Arg(k);
   b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -152,6 +184,10 @@ BENCHMARK_CAPTURE(ForwardBackward, LongCategorical, Emission::kCategorical, 1)->
 BENCHMARK_CAPTURE(ForwardBackward, LongGaussian, Emission::kGaussian, 1)->Apply(args);
 BENCHMARK_CAPTURE(ForwardBackward, ManyCategorical, Emission::kCategorical, 1000)->Apply(args);
 BENCHMARK_CAPTURE(ForwardBackward, ManyGaussian, Emission::kGaussian, 1000)->Apply(args);
+BENCHMARK_CAPTURE(Posteriors, LongCategorical, Emission::kCategorical, 1)->Apply(args);
+BENCHMARK_CAPTURE(Posteriors, LongGaussian, Emission::kGaussian, 1)->Apply(args);
+BENCHMARK_CAPTURE(Posteriors, ManyCategorical, Emission::kCategorical, 1000)->Apply(args);
+BENCHMARK_CAPTURE(Posteriors, ManyGaussian, Emission::kGaussian, 1000)->Apply(args);
 
 }  // namespace
 

@@ -369,6 +369,10 @@ void Model::WorkDeleter::operator()(Work* w) const {
   delete w;
 }
 
+void Model::grow_work(int threads) const {
+  while (static_cast<int>(fb_work_.size()) < threads) fb_work_.emplace_back(new Work);
+}
+
 Model::Model(const Config& cfg, const SequenceSource* seqs, const DataSummary& data)
     : cfg_(cfg),
       seqs_(seqs),
@@ -828,7 +832,7 @@ void Model::local_step(const Sequences& s, Stats& stats, std::span<double> terms
   // the totals do not depend on which thread took which sequence.
   while (static_cast<int>(work_.size()) < n_threads - 1) work_.push_back(make_stats());
   for (int t = 0; t < n_threads - 1; ++t) work_[static_cast<std::size_t>(t)].set_zero();
-  while (static_cast<int>(fb_work_.size()) < n_threads) fb_work_.emplace_back(new Work);
+  grow_work(n_threads);
   parallel_blocks_dynamic(n, 1, n_threads, [&](int tid, std::int64_t s0, std::int64_t s1) {
     Stats& acc = tid == 0 ? stats : work_[static_cast<std::size_t>(tid - 1)];
     Work& w = *fb_work_[static_cast<std::size_t>(tid)];
@@ -1220,16 +1224,18 @@ void Model::load_point(const engine::StateReader& r) {
 }
 
 void Model::log_likelihood(const Sequences& s, std::span<double> out) const {
-  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
-    Work w;
+  grow_work(max_threads());
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int tid, std::int64_t s0, std::int64_t s1) {
+    Work& w = *fb_work_[static_cast<std::size_t>(tid)];
     for (std::int64_t q = s0; q < s1; ++q)
       out[static_cast<std::size_t>(q)] = forward_backward(s, q, w, nullptr, nullptr);
   });
 }
 
 void Model::posteriors(const Sequences& s, std::span<double> out) const {
-  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
-    Work w;
+  grow_work(max_threads());
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int tid, std::int64_t s0, std::int64_t s1) {
+    Work& w = *fb_work_[static_cast<std::size_t>(tid)];
     for (std::int64_t q = s0; q < s1; ++q) {
       double* g = out.data() + s.offsets[q] * k_;
       if (!std::isfinite(forward_backward(s, q, w, nullptr, g)))
@@ -1241,8 +1247,9 @@ void Model::posteriors(const Sequences& s, std::span<double> out) const {
 void Model::viterbi(const Sequences& s, std::span<std::int64_t> out) const {
   RowMatrix log_a = a_.array().log().matrix();
   Eigen::VectorXd log_pi = pi_.array().log().matrix();
-  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int, std::int64_t s0, std::int64_t s1) {
-    Work w;
+  grow_work(max_threads());
+  parallel_blocks_dynamic(s.n(), 1, max_threads(), [&](int tid, std::int64_t s0, std::int64_t s1) {
+    Work& w = *fb_work_[static_cast<std::size_t>(tid)];
     std::vector<int> back;
     std::vector<double> prev(static_cast<std::size_t>(k_)), cur(prev.size());
     for (std::int64_t q = s0; q < s1; ++q) {

@@ -239,12 +239,17 @@ class Model {
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
   RowMatrix emit_soa_;           // Gaussian: the log densities' parameters, state-minor (refresh)
   std::vector<Stats> work_;
-  // Per-thread forward-backward buffers, kept across local steps so that the T x K matrices are
-  // not allocated (and first touched) again at every iteration.
+  // Per-thread forward-backward buffers, kept across local steps and across calls of the const
+  // passes (likelihoods, posteriors, Viterbi; `hmm score` and `--posteriors` call them once per
+  // streamed piece) so that the T x K matrices are not allocated, and their pages first touched,
+  // again each time: at 10^5 steps and K = 32 that cost several times the recursions. Like the
+  // rest of the model, not for concurrent calls from several threads.
   struct WorkDeleter {
     void operator()(Work* w) const;
   };
-  std::vector<std::unique_ptr<Work, WorkDeleter>> fb_work_;
+  mutable std::vector<std::unique_ptr<Work, WorkDeleter>> fb_work_;
+  // fb_work_ grown to `threads` buffers.
+  void grow_work(int threads) const;
 };
 
 }  // namespace caviar::hmm
