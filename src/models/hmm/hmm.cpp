@@ -179,7 +179,9 @@ double sum_fixed(const double* x, int k) {
 template <int R, int NV, class V>
 void outer_block(const double* const* a, const double* const* u, int m, int i, int j0, double* out,
                  int cols) {
-  // R rows share every load of u: R NV FMAs per NV loads and R broadcasts.
+  // R rows share every load of u: R NV FMAs per NV loads and R broadcasts. With R = 4 and NV = 4,
+  // 16 accumulators cover the FMA latency on both pipes (8 left the pipes waiting); R does not
+  // change which FMAs an out_ij takes, nor their order.
   constexpr int L = sizeof(V) / sizeof(double);
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
@@ -226,7 +228,11 @@ void outer_rows(const double* const* a, const double* const* u, int m, int i, in
 __attribute__((noinline)) void outer_add(const double* const* a, const double* const* u, int m,
                                          int rows, int cols, double* out) {
   int i = 0;
-  for (; i + 2 <= rows; i += 2) outer_rows<2>(a, u, m, i, cols, out);
+  for (; i + 4 <= rows; i += 4) outer_rows<4>(a, u, m, i, cols, out);
+  if (i + 2 <= rows) {
+    outer_rows<2>(a, u, m, i, cols, out);
+    i += 2;
+  }
   if (i < rows) outer_rows<1>(a, u, m, i, cols, out);
 }
 
