@@ -110,6 +110,28 @@ struct Problem {
   }
 };
 
+// Times `pass` (one call per iteration, after one untimed call) and sets the counters: flops and
+// flops_all are one pass's counts for "peak" and "peak_all".
+template <class Pass>
+void time_pass(benchmark::State& state, std::int64_t n, double flops, double flops_all,
+               const Pass& pass) {
+  // One untimed pass first: a fit reuses its buffers from iteration to iteration, and at K = 128
+  // (one timed iteration) the first touch of the T x K arrays' pages was a fifth of the time.
+  pass();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
+  for (auto _ : state) pass();
+  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gflop = flops * static_cast<double>(state.iterations()) * 1e-9;
+  const double gflop_all = flops_all * static_cast<double>(state.iterations()) * 1e-9;
+  state.counters["GFLOP/s"] = gflop / sec;
+  state.counters["GFLOP/cpu-s"] = gflop / cpu;
+  state.counters["peak"] = gflop / cpu / g_peak;
+  state.counters["peak_all"] = gflop_all / cpu / g_peak;
+  state.counters["threads"] = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
+}
+
 void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
   const int k = static_cast<int>(state.range(0));
   Problem p(e, k, n);
@@ -117,30 +139,14 @@ void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
   model.init_random(1);
   auto stats = model.make_stats();
   std::vector<double> terms(static_cast<std::size_t>(n));
-  // One untimed pass first: a fit reuses its buffers from iteration to iteration, and at K = 128
-  // (one timed iteration) the first touch of the T x K arrays' pages was a fifth of the time.
-  model.local_step(stats, terms);
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::clock_t c0 = std::clock();
-  for (auto _ : state) {
-    stats.set_zero();
-    model.local_step(stats, terms);
-    benchmark::DoNotOptimize(terms.data());
-  }
-  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double gflop = 6.0 * kSteps * k * k * static_cast<double>(state.iterations()) * 1e-9;
-  const double threads = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
-  state.counters["GFLOP/s"] = gflop / sec;
-  state.counters["GFLOP/cpu-s"] = gflop / cpu;
-  state.counters["peak"] = gflop / cpu / g_peak;
   const double linear = e == Emission::kCategorical ? 3 + 4 + 1
                                                     : 3 + 4 + (kDim * kDim + 3 * kDim + 1) +
                                                           2 * (kDim + kDim * (kDim + 1) / 2);
-  const double gflop_all =
-      (6.0 * k * k + linear * k) * kSteps * static_cast<double>(state.iterations()) * 1e-9;
-  state.counters["peak_all"] = gflop_all / cpu / g_peak;
-  state.counters["threads"] = threads;
+  time_pass(state, n, 6.0 * k * k * kSteps, (6.0 * k * k + linear * k) * kSteps, [&] {
+    stats.set_zero();
+    model.local_step(stats, terms);
+    benchmark::DoNotOptimize(terms.data());
+  });
 }
 
 // The forward-backward alone, as `hmm fit --posteriors` and `hmm score` with marginals run it
@@ -155,24 +161,12 @@ void Posteriors(benchmark::State& state, Emission e, std::int64_t n) {
   Model model(p.cfg, &p.source, p.summary);
   model.init_random(1);
   std::vector<double> gamma(static_cast<std::size_t>(kSteps * k));
-  model.posteriors(p.seqs, gamma);  // untimed: the output's pages are touched once
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::clock_t c0 = std::clock();
-  for (auto _ : state) {
-    model.posteriors(p.seqs, gamma);
-    benchmark::DoNotOptimize(gamma.data());
-  }
-  const double cpu = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double it = static_cast<double>(state.iterations());
   const double emissions = e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
-  const double gflop = (4.0 * k * k + emissions * k) * kSteps * it * 1e-9;
-  const double gflop_all = (4.0 * k * k + (emissions + 6) * k) * kSteps * it * 1e-9;
-  state.counters["GFLOP/s"] = gflop / sec;
-  state.counters["GFLOP/cpu-s"] = gflop / cpu;
-  state.counters["peak"] = gflop / cpu / g_peak;
-  state.counters["peak_all"] = gflop_all / cpu / g_peak;
-  state.counters["threads"] = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
+  time_pass(state, n, (4.0 * k * k + emissions * k) * kSteps,
+            (4.0 * k * k + (emissions + 6) * k) * kSteps, [&] {
+              model.posteriors(p.seqs, gamma);
+              benchmark::DoNotOptimize(gamma.data());
+            });
 }
 
 void args(benchmark::internal::Benchmark* b) {
