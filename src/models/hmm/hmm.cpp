@@ -726,6 +726,13 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   double* be = &w.beta(0, 0);
   double* be_prev = &w.beta(1, 0);
   std::fill_n(be, K, 1.0);
+  // gamma (where it is written out, Model::posteriors) goes to memory outside the caches, row by
+  // row in descending order: its rows are asked for, for writing, kAhead steps ahead as well, and
+  // the sweep's first kAhead before it starts. Over many short sequences the hardware prefetchers
+  // never caught up with these short descending streams of stores.
+  if (gamma)
+    for (std::int64_t t = std::max<std::int64_t>(0, T - kAhead); t < T; ++t)
+      for (int k = 0; k < K; k += 8) __builtin_prefetch(gamma + t * K + k, 1);
   for (std::int64_t t = T - 1; t >= 0; --t) {
     const double* a = &w.alpha(t, 0);
     double* g = gamma ? gamma + t * K : moments ? &w.gr(mpending, 0) : w.g_row.data();
@@ -765,9 +772,11 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       // reaches kAhead steps later (the hardware prefetchers follow descending streams late).
       const double* ra = &w.alpha(t - kAhead, 0);
       const double* rb = sym ? nullptr : &w.b(t - kAhead, 0);
+      double* rg = gamma ? gamma + (t - kAhead) * K : nullptr;
       for (int k = 0; k < K; k += 8) {
         __builtin_prefetch(ra + k);
         if (rb) __builtin_prefetch(rb + k);
+        if (rg) __builtin_prefetch(rg + k, 1);
       }
     }
     const double* b = emission(t);
