@@ -129,6 +129,17 @@ TEST(BbviGlm, DrawsAtOnceEqualOneByOneAndIgnoreAlignment) {
       m.loglik_draws(theta, samples, {x2.data() + 1, x.size()}, y, f2, g2);
       EXPECT_EQ(f, f2);
       EXPECT_EQ(g, g2);
+      // Into a strided buffer holding garbage (as a minibatch group's tree node does): every
+      // value overwritten with the same bits, the gaps between the draws' rows left alone.
+      const std::size_t ld = p + 1;
+      Vec f3(samples, NAN), g3(samples * ld, -7.0);
+      m.loglik_draws(theta, samples, x, y, f3, {g3.data(), g3.size()}, ld);
+      EXPECT_EQ(f, f3);
+      for (int s = 0; s < samples; ++s) {
+        for (std::size_t j = 0; j < p; ++j)
+          EXPECT_EQ(g3[s * ld + j], g[s * p + j]) << s << " " << j;
+        EXPECT_EQ(g3[s * ld + p], -7.0);
+      }
     }
 }
 

@@ -42,7 +42,6 @@ namespace {
 struct RowsTag;
 struct ResponsesTag;
 struct LoglikTag;
-struct GradTag;
 }  // namespace
 
 void Posterior::prefetch(std::span<const std::int64_t> rows) const {
@@ -69,18 +68,13 @@ void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out)
     yb[i] = y_[r];
   }
   double* const f = thread_scratch<LoglikTag>(static_cast<std::size_t>(s));
-  std::fill(f, f + s, 0.0);
-  // The gradient in theta only where the estimator uses it (reparameterisation steps).
-  const std::size_t gsize = with_grad_ ? static_cast<std::size_t>(s * p_) : 0;
-  double* const g = thread_scratch<GradTag>(gsize);
-  std::fill(g, g + gsize, 0.0);
+  // The gradient in theta only where the estimator uses it (reparameterisation steps), written
+  // in place: draw k's is out[k * width + 1, (k + 1) * width).
+  const std::span<double> g = with_grad_ ? out.subspan(1) : std::span<double>{};
   cfg_.glm.loglik_draws({theta_.data(), std::size_t(theta_.size())}, s,
                         {xb.data(), std::size_t(xb.size())}, {yb, std::size_t(n)},
-                        {f, std::size_t(s)}, {g, gsize});
-  for (int k = 0; k < s; ++k) {
-    out[std::size_t(k * width_)] = f[k];
-    if (with_grad_) std::copy(g + k * p_, g + (k + 1) * p_, out.data() + k * width_ + 1);
-  }
+                        {f, std::size_t(s)}, g, static_cast<std::size_t>(width_));
+  for (int k = 0; k < s; ++k) out[std::size_t(k * width_)] = f[k];
 }
 
 double Posterior::gradient(std::span<const double> sums, std::span<const std::uint8_t> kept,

@@ -17,6 +17,7 @@ using RowMap = Eigen::Map<RowMajor, Eigen::AlignedMax>;
 struct EtaTag;
 struct ResidualTag;
 struct SumsTag;
+struct GradTag;
 
 // The logistic likelihood of every (row, draw) of a block: eta is n x S (C = 1), y the n labels.
 // Adds each draw's sum of log p(y_i | eta_is) over the rows, in row order, to f, and writes
@@ -27,27 +28,52 @@ struct SumsTag;
 // stack, since a block can be a single row: log1p(t) = log(u) t / (u - 1), accurate to a few
 // ulps because u - 1 is exact (Goldberg 1991, Theorem 4), and t where u rounds to 1. As scalar
 // library calls these functions were more than half of the CPU time of a logistic fit with its
-// default 1,000-draw k-hat pass over every row (perf; N = 1e6, D = 50, 600 steps).
+// default 1,000-draw k-hat pass over every row (perf; N = 1e6, D = 50, 600 steps). The
+// arithmetic runs on whole chunks and the choices between two values are separate loops that only
+// pick, which the compiler turns into SIMD blends: Eigen 3.4 evaluates select() one coefficient at
+// a time, with a branch on the sign of eta that is a coin flip. The entry's row and draw are
+// counted, not divided out. Both were a quarter of this function's time (perf, one row per block,
+// on a CPU with slow 64-bit division).
 void logistic_terms(const RowMap& eta, std::span<const double> y, RowMap& r, std::span<double> f) {
   constexpr Eigen::Index kChunk = 256;
   using Chunk = Eigen::Array<double, Eigen::Dynamic, 1, 0, kChunk, 1>;
   const Eigen::Index s = eta.cols(), total = eta.rows() * s;
   double* const sums = thread_scratch<SumsTag>(static_cast<std::size_t>(s));
   std::fill(sums, sums + s, 0.0);
+  // Entry c0 + j of eta (row-major) is row (c0 + j) / s, draw (c0 + j) % s.
+  Eigen::Index row = 0, draw = 0;
   for (Eigen::Index c0 = 0; c0 < total; c0 += kChunk) {
     const Eigen::Index m = std::min(kChunk, total - c0);
     const Eigen::Map<const Eigen::ArrayXd> e(eta.data() + c0, m);
     Chunk yv(m);
-    for (Eigen::Index j = 0; j < m; ++j) yv[j] = y[static_cast<std::size_t>((c0 + j) / s)];
-    // The transcendental functions stand alone: Eigen 3.4 does not vectorise select().
+    for (Eigen::Index j = 0, i = row, k = draw; j < m; ++j) {
+      yv[j] = y[static_cast<std::size_t>(i)];
+      if (++k == s) k = 0, ++i;
+    }
     const Chunk t = (-e.abs()).exp();
     const Chunk u = 1.0 + t;
     const Chunk log_u = u.log();
-    const Chunk log1p_t = (u == 1.0).select(t, log_u * t / (u - 1.0));
+    const Chunk u_1 = u - 1.0;
+    Chunk den(m);
+    for (Eigen::Index j = 0; j < m; ++j) {
+      const double v = u_1[j];
+      den[j] = u[j] == 1.0 ? 1.0 : v;
+    }
+    const Chunk q = log_u * t / den;  // log1p(t) where u > 1
+    const Chunk inv_u = 1.0 / u, t_u = t / u;
+    Chunk log1p_t(m), sigmoid(m);
+    for (Eigen::Index j = 0; j < m; ++j) {
+      const double tj = t[j], qj = q[j], inv = inv_u[j], tu = t_u[j];
+      log1p_t[j] = u[j] == 1.0 ? tj : qj;
+      sigmoid[j] = e[j] >= 0.0 ? inv : tu;
+    }
+    Eigen::Map<Eigen::ArrayXd>(r.data() + c0, m) = yv - sigmoid;
     const Chunk a = e * (1.0 - 2.0 * yv);  // exact: y is 0 or 1
     const Chunk lik = -(a.max(0.0) + log1p_t);
-    Eigen::Map<Eigen::ArrayXd>(r.data() + c0, m) = yv - (e >= 0.0).select(1.0 / u, t / u);
-    for (Eigen::Index j = 0; j < m; ++j) sums[static_cast<std::size_t>((c0 + j) % s)] += lik[j];
+    for (Eigen::Index j = 0; j < m; ++j) {
+      sums[static_cast<std::size_t>(draw)] += lik[j];
+      if (++draw == s) draw = 0, ++row;
+    }
   }
   for (Eigen::Index k = 0; k < s; ++k)
     f[static_cast<std::size_t>(k)] += sums[static_cast<std::size_t>(k)];
@@ -80,13 +106,15 @@ std::string to_string(Likelihood l) {
 double Glm::loglik(std::span<const double> theta, std::span<const double> x,
                    std::span<const double> y, std::span<double> grad) const {
   double f = 0;
-  loglik_draws(theta, 1, x, y, {&f, 1}, grad);
+  std::vector<double> g(grad.size());
+  loglik_draws(theta, 1, x, y, {&f, 1}, g);
+  for (std::size_t j = 0; j < grad.size(); ++j) grad[j] += g[j];
   return f;
 }
 
 void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
-                       std::span<const double> y, std::span<double> f,
-                       std::span<double> grad) const {
+                       std::span<const double> y, std::span<double> f, std::span<double> grad,
+                       std::size_t grad_stride) const {
   using Stride = Eigen::OuterStride<>;
   const int d = features, c = outputs();
   const auto n = static_cast<Eigen::Index>(y.size());
@@ -114,6 +142,7 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
       const double b = theta[static_cast<std::size_t>(s * p + k * (d + 1) + d)];
       for (Eigen::Index i = 0; i < n; ++i) eta(i, s * c + k) += b;
     }
+  std::fill(f.begin(), f.begin() + samples, 0.0);
   if (likelihood == Likelihood::kLogistic) logistic_terms(eta, y, r, f);
   // The other likelihoods, per draw in row order (logistic_terms did the logistic's).
   for (int s = 0; s < samples && likelihood != Likelihood::kLogistic; ++s) {
@@ -149,17 +178,31 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
     f[static_cast<std::size_t>(s)] += sum;
   }
   if (grad.empty()) return;  // the log-likelihoods only (ELBO and diagnostic passes)
-  // Weights: grad_w(s * C + k, :) += r(:, s * C + k)^T X; intercepts: column sums in row order.
-  Eigen::Map<RowMajor, 0, Stride> gw(grad.data(), samples * c, d, Stride(d + 1));
-  if (one_row)
-    for (int s = 0; s < samples; ++s) gw.row(s) += r(0, s) * xm.row(0);
-  else
+  // Weights: grad_w(s * C + k, :) = r(:, s * C + k)^T X; intercepts: column sums in row order.
+  // Row s * C + k starts at grad[s * ld + k * (D + 1)]: one stride when C = 1 or the draws are
+  // packed (ld = P), so a caller's buffer takes the values in place (a minibatch group's tree
+  // node: no zeroing and no copy per row, which were a tenth of a logistic step, perf); else
+  // (softmax, strided) through a packed scratch. Each value is that of adding it to zeros (0 + v,
+  // -0 included), as when the gradient was accumulated into a zeroed buffer: the same bits.
+  const std::size_t ld = grad_stride != 0 ? grad_stride : static_cast<std::size_t>(p);
+  const bool packed = c == 1 || ld == static_cast<std::size_t>(p);
+  const Eigen::Index row_stride = packed && c == 1 ? static_cast<Eigen::Index>(ld) : d + 1;
+  double* const g = packed ? grad.data() : thread_scratch<GradTag>(cols * std::size_t(d + 1));
+  Eigen::Map<RowMajor, 0, Stride> gw(g, samples * c, d, Stride(row_stride));
+  if (one_row) {
+    for (int s = 0; s < samples; ++s) gw.row(s).array() = r(0, s) * xm.row(0).array() + 0.0;
+  } else {
+    gw.setZero();
     gw.noalias() += r.transpose() * xm;
+  }
   for (int j = 0; j < samples * c; ++j) {
     double sb = 0;
     for (Eigen::Index i = 0; i < n; ++i) sb += r(i, j);
-    grad[static_cast<std::size_t>(j) * (d + 1) + d] += sb;
+    g[j * row_stride + d] = sb;
   }
+  if (packed) return;
+  for (int s = 0; s < samples; ++s)
+    std::copy_n(g + std::size_t(s) * std::size_t(p), p, grad.data() + std::size_t(s) * ld);
 }
 
 double Glm::log_prior(std::span<const double> theta, std::span<double> grad) const {

@@ -41,13 +41,15 @@ struct Glm {
   double loglik(std::span<const double> theta, std::span<const double> x, std::span<const double> y,
                 std::span<double> grad) const;
 
-  // The same for S parameter vectors at once (one step's draws), as matrix products: f[s] +=
-  // sum_n log p(y_n | x_n, theta_s) and row s of `grad` += its gradient. theta: S x P and grad:
-  // S x P, row-major, or empty for the log-likelihoods alone; x: n x D row-major. The result
-  // depends only on the block and S, not on where the block sits in memory (the products pack their
-  // operands; sums run in index order).
+  // The same for S parameter vectors at once (one step's draws), as matrix products: f[s] =
+  // sum_n log p(y_n | x_n, theta_s) and grad's row s = its gradient (both overwritten). theta:
+  // S x P row-major; grad: S rows of P, row s at grad[s * grad_stride] (0: P), or empty for the
+  // log-likelihoods alone; x: n x D row-major. The result depends only on the block and S, not on
+  // where the block or the gradient sits in memory (the products pack their operands; sums run in
+  // index order).
   void loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
-                    std::span<const double> y, std::span<double> f, std::span<double> grad) const;
+                    std::span<const double> y, std::span<double> f, std::span<double> grad,
+                    std::size_t grad_stride = 0) const;
 
   // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
   double log_prior(std::span<const double> theta, std::span<double> grad) const;
