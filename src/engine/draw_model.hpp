@@ -14,8 +14,10 @@ enum class DrawKind { kGradient, kElbo, kDiagnostic };
 
 // What a black-box VI model provides: double parameters lambda, a set of draws per (kind, t),
 // and per-draw sums over blocks of its own local rows (indices from 0 at the rank's first row).
-// Optional: prefetch(rows), called a few groups ahead of block(rows) on the same thread, to start
-// loading rows scattered over a large shard (groups_pass in engine/draws.hpp uses it if present).
+// Optional: prepare(rows), called on a thread with the rows of a run of consecutive groups before
+// that thread's block() of each of them, so that a model can compute per-row terms for many rows
+// at once (groups_pass in engine/draws.hpp uses it if present). A block must not depend on how
+// the groups were run together, which depends on the thread count.
 template <class M>
 concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
                              std::span<const std::int64_t> rows, std::span<double> out,

@@ -112,11 +112,13 @@ std::vector<double> TreeStack::packed() const {
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
-    const std::function<void(std::span<const std::int64_t>)>& prefetch) {
+    const std::function<void(std::span<const std::int64_t>)>& prepare) {
   const std::int64_t r = samples * width, n_local = groups.size();
-  // Contiguous ranges of groups per thread, each prefetching kAhead groups ahead of its block and
-  // summing its groups' subtrees as they come; then the threads' nodes in order, on this thread.
-  constexpr std::int64_t kAhead = 4;
+  // Contiguous ranges of groups per thread, each summing its groups' subtrees as they come; then
+  // the threads' nodes in order, on this thread. A thread's groups go to prepare() in runs of
+  // about kRunEntries rows x draws (at least one group): a few hundred KB of a model's per-row
+  // terms, which its blocks then read from the L2 cache.
+  constexpr std::int64_t kRunEntries = std::int64_t{1} << 11;
   const int threads = max_threads();
   const std::int64_t per = std::max<std::int64_t>(1, (n_local + threads - 1) / threads);
   std::vector<TreeStack> parts;  // built in place: each reserves its levels
@@ -124,12 +126,22 @@ DrawSums reduce_draws(
   for (std::int64_t k = 0; k < n_local; k += per) parts.emplace_back(r, groups.total);
   parallel_blocks(n_local, per, threads, [&](int, std::int64_t k0, std::int64_t k1) {
     TreeStack& tree = parts[static_cast<std::size_t>(k0 / per)];
-    for (std::int64_t k = k0; k < std::min(k1, k0 + kAhead) && prefetch; ++k)
-      prefetch(groups.group(k));
-    for (std::int64_t k = k0; k < k1; ++k) {
-      if (prefetch && k + kAhead < k1) prefetch(groups.group(k + kAhead));
-      block(groups.group(k), std::span<double>(tree.next(), static_cast<std::size_t>(r)));
-      tree.push(0, groups.first + k);
+    for (std::int64_t k = k0; k < k1;) {
+      std::int64_t end = k + 1;
+      if (prepare) {
+        const auto rows = [&](std::int64_t e) {
+          return groups.offsets[static_cast<std::size_t>(e)] -
+                 groups.offsets[static_cast<std::size_t>(k)];
+        };
+        while (end < k1 && rows(end) * samples < kRunEntries) ++end;
+        prepare(std::span<const std::int64_t>(
+            groups.rows.data() + groups.offsets[static_cast<std::size_t>(k)],
+            static_cast<std::size_t>(rows(end))));
+      }
+      for (; k < end; ++k) {
+        block(groups.group(k), std::span<double>(tree.next(), static_cast<std::size_t>(r)));
+        tree.push(0, groups.first + k);
+      }
     }
   });
   for (std::size_t p = 1; p < parts.size(); ++p) parts[0].append(parts[p]);

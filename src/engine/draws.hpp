@@ -10,6 +10,8 @@
 //                  Lazaro-Gredilla 2014). Rank p takes the positions inside its rows, grouped by
 //                  kBlockRows block: a group's rows are the same whatever the rank count, one
 //                  thread computes each group.
+//     prepare        model.prepare(rows), if the model has it: the rows of a run of a thread's
+//                    consecutive groups, before their blocks (per-row work done in large kernels)
 //     block          model.block(rows, out): per draw, W values summed over the group's rows
 //                    (the log-likelihood, and for reparameterisation its gradient in theta)
 //     sum            the groups' values summed pairwise over a fixed tree of the pass's groups
@@ -102,11 +104,12 @@ struct DrawSums {
   int dropped = 0;
   double reduce_seconds = 0;  // in the allgather, waiting for other ranks included
 };
-// `prefetch` (optional) is called with a group's rows a few groups before its block.
+// `prepare` (optional) is called, on the thread that computes them, with the rows of a run of
+// consecutive groups before their blocks.
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
-    const std::function<void(std::span<const std::int64_t>)>& prefetch = {});
+    const std::function<void(std::span<const std::int64_t>)>& prepare = {});
 
 // The sum tree over a pass's groups (Groups::total of them, G): node (l, i) holds the sum of
 // groups [i 2^l, min((i + 1) 2^l, G)), which is node (l - 1, 2i) + node (l - 1, 2i + 1), or node
@@ -172,13 +175,13 @@ template <DrawModel M>
 detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
                              const Groups& groups) {
   model.set_draws(kind, t);
-  std::function<void(std::span<const std::int64_t>)> prefetch;
-  if constexpr (requires(std::span<const std::int64_t> rows) { model.prefetch(rows); })
-    prefetch = [&](std::span<const std::int64_t> rows) { model.prefetch(rows); };
+  std::function<void(std::span<const std::int64_t>)> prepare;
+  if constexpr (requires(std::span<const std::int64_t> rows) { model.prepare(rows); })
+    prepare = [&](std::span<const std::int64_t> rows) { model.prepare(rows); };
   return detail::reduce_draws(
       comm, model.n_draws(), model.width(), groups,
       [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); },
-      prefetch);
+      prepare);
 }
 
 // Collective: a full pass over every rank's rows with the model's draws (kind, t).

@@ -74,10 +74,38 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
   detail::DrawSums d;
   for (const int t : {1, 2, 3, 5}) {
     omp_set_num_threads(t);
-    d = detail::reduce_draws(world, kSamples, kWidth, g,
-                             [&](std::span<const std::int64_t> rows, std::span<double> out) {
-                               block(mine.begin, rows, out);
-                             });
+    // With a prepare(): every group's rows lie inside the run last prepared on its thread, and
+    // the runs are the thread's groups, whole and in order (their rows, once each).
+    std::vector<std::span<const std::int64_t>> last(static_cast<std::size_t>(t));
+    std::vector<std::int64_t> outside(static_cast<std::size_t>(t), 0);
+    std::vector<std::int64_t> prepared(static_cast<std::size_t>(t), 0);
+    for (const bool with_prepare : {false, true}) {
+      d = detail::reduce_draws(
+          world, kSamples, kWidth, g,
+          [&](std::span<const std::int64_t> rows, std::span<double> out) {
+            const auto th = static_cast<std::size_t>(omp_get_thread_num());
+            const auto& run = last[th];
+            if (with_prepare &&
+                (rows.data() < run.data() || rows.data() + rows.size() > run.data() + run.size()))
+              ++outside[th];
+            block(mine.begin, rows, out);
+          },
+          with_prepare ? std::function<void(std::span<const std::int64_t>)>(
+                             [&](std::span<const std::int64_t> rows) {
+                               const auto th = static_cast<std::size_t>(omp_get_thread_num());
+                               last[th] = rows;
+                               prepared[th] += static_cast<std::int64_t>(rows.size());
+                             })
+                       : std::function<void(std::span<const std::int64_t>)>{});
+      ASSERT_EQ(d.sums.size(), ref.size());
+      EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
+          << what << " at " << world.size() << " ranks x " << t << " threads"
+          << (with_prepare ? ", with prepare" : "");
+    }
+    EXPECT_EQ(std::accumulate(outside.begin(), outside.end(), std::int64_t{0}), 0) << what;
+    EXPECT_EQ(std::accumulate(prepared.begin(), prepared.end(), std::int64_t{0}),
+              static_cast<std::int64_t>(g.rows.size()))
+        << what;
     ASSERT_EQ(d.sums.size(), ref.size());
     EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
         << what << " at " << world.size() << " ranks x " << t << " threads";

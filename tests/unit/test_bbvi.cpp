@@ -143,6 +143,45 @@ TEST(BbviGlm, DrawsAtOnceEqualOneByOneAndIgnoreAlignment) {
     }
 }
 
+TEST(BbviGlm, RowTermsDependOnTheRowAlone) {
+  // The draws driver prepares a thread's run of rows at once, and runs depend on the thread
+  // split: each row's terms must be the same bits alone, first, last, or anywhere in a run. S = 1
+  // and 3 put a row's entries at every place in a vector of four; 9 columns (softmax, S = 3)
+  // leave a remainder after the blocks of eight; D = 6 leaves one after the blocks of four.
+  for (const int samples : {1, 3, 8})
+    for (Likelihood lik :
+         {Likelihood::kLogistic, Likelihood::kLinear, Likelihood::kPoisson, Likelihood::kSoftmax}) {
+      SCOPED_TRACE(to_string(lik) + ", S = " + std::to_string(samples));
+      const int n = 11, d = 6;
+      const Glm m = test_glm(lik, d);
+      const auto p = static_cast<std::size_t>(m.n_params());
+      const auto cols = static_cast<std::size_t>(samples * m.outputs());
+      // Large etas too, where the logistic's exp(-|eta|) and log(1 + t) take their far branches.
+      const Vec x = normals(n * d, 21, 3.0), y = test_responses(lik, n);
+      const Vec theta = normals(samples * p, 22, 0.8);
+      Vec lik_all(n * samples), r_all(n * cols);
+      m.row_terms(theta, samples, x, y, lik_all.data(), r_all.data());
+      for (int first = 0; first < n; ++first)
+        for (const int len : {1, 2, 5}) {
+          if (first + len > n) continue;
+          Vec l(len * samples), r(len * cols);
+          m.row_terms(theta, samples, {x.data() + first * d, std::size_t(len * d)},
+                      {y.data() + first, std::size_t(len)}, l.data(), r.data());
+          for (int i = 0; i < len * samples; ++i)
+            ASSERT_EQ(l[i], lik_all[first * samples + i]) << "rows " << first << "+" << len;
+          for (std::size_t i = 0; i < len * cols; ++i)
+            ASSERT_EQ(r[i], r_all[first * cols + i]) << "rows " << first << "+" << len;
+          // A group's gradient from the run's terms equals that of the rows as a block.
+          Vec f(samples), g(samples * p), g2(samples * p);
+          m.loglik_draws(theta, samples, {x.data() + first * d, std::size_t(len * d)},
+                         {y.data() + first, std::size_t(len)}, f, g);
+          m.rows_gradient(samples, {x.data() + first * d, std::size_t(len * d)},
+                          r_all.data() + first * cols, cols, g2);
+          ASSERT_EQ(g, g2) << "rows " << first << "+" << len;
+        }
+    }
+}
+
 TEST(BbviGlm, HandValues) {
   // One row x = (2), w = 0.5, b = -0.25: eta = 0.75.
   Glm m;

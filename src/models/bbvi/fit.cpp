@@ -1,13 +1,31 @@
 #include "models/bbvi/fit.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
-#include "core/scratch.hpp"
 
 namespace caviar::bbvi {
+
+namespace {
+// One thread's last prepared run of rows (Posterior::prepare): the rows gathered, their responses
+// and per-row terms, and the pass and span of group rows they belong to.
+struct Prepared {
+  std::uint64_t pass = 0;
+  const std::int64_t* begin = nullptr;
+  std::size_t n = 0;
+  std::vector<double> x, y, lik, r;
+};
+Prepared& prepared() {
+  thread_local Prepared p;
+  return p;
+}
+std::atomic<std::uint64_t> passes{0};
+}  // namespace
 
 Posterior::Posterior(const FitConfig& cfg, std::span<const double> x, std::span<const double> y)
     : cfg_(cfg),
@@ -36,45 +54,62 @@ void Posterior::set_draws(engine::DrawKind kind, std::int64_t t) {
             {theta_.row(k).data(), std::size_t(p_)});
   with_grad_ = kind == DrawKind::kGradient && cfg_.estimator == Estimator::kReparam;
   width_ = with_grad_ ? 1 + p_ : 1;
+  pass_ = ++passes;  // what a thread prepared before is stale
 }
 
-namespace {
-struct RowsTag;
-struct ResponsesTag;
-struct LoglikTag;
-}  // namespace
-
-void Posterior::prefetch(std::span<const std::int64_t> rows) const {
+void Posterior::prepare(std::span<const std::int64_t> rows) const {
+  Prepared& p = prepared();
+  const std::size_t n = rows.size(), s = static_cast<std::size_t>(n_draws());
   const auto d = static_cast<std::size_t>(cfg_.glm.features);
-  for (const std::int64_t r : rows) {
-    const double* row = x_.data() + static_cast<std::size_t>(r) * d;
+  p.pass = pass_;
+  p.begin = rows.data();
+  p.n = n;
+  p.x.resize(n * d);
+  p.y.resize(n);
+  p.lik.resize(n * s);
+  p.r.resize(n * s * static_cast<std::size_t>(cfg_.glm.outputs()));
+  // The rows gathered in order (with repeats), so that the kernels read one contiguous block, and
+  // asked for kAhead rows ahead: a minibatch's rows are scattered over the whole shard, the
+  // hardware prefetchers cannot guess them, and waiting for memory was most of a step (perf).
+  constexpr std::size_t kAhead = 8;
+  const auto ask = [&](std::size_t i) {
+    const double* row = x_.data() + static_cast<std::size_t>(rows[i]) * d;
     for (std::size_t j = 0; j < d; j += 8) __builtin_prefetch(row + j);
     __builtin_prefetch(row + d - 1);
-    __builtin_prefetch(y_.data() + r);
+    __builtin_prefetch(y_.data() + rows[i]);
+  };
+  for (std::size_t i = 0; i < std::min(kAhead, n); ++i) ask(i);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) ask(i + kAhead);
+    const auto r = static_cast<std::size_t>(rows[i]);
+    std::copy_n(x_.data() + r * d, d, p.x.data() + i * d);
+    p.y[i] = y_[r];
   }
+  cfg_.glm.row_terms({theta_.data(), std::size_t(theta_.size())}, n_draws(), p.x, p.y, p.lik.data(),
+                     p.r.data());
 }
 
 void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out) const {
+  Prepared& p = prepared();
+  const std::less<const std::int64_t*> before;  // a total order, for pointers into any arrays
+  if (p.pass != pass_ || before(rows.data(), p.begin) ||
+      before(p.begin + p.n, rows.data() + rows.size()))
+    prepare(rows);
   const int s = n_draws();
-  const int d = cfg_.glm.features;
-  const auto n = static_cast<Eigen::Index>(rows.size());
-  // The block's rows gathered in order (with repeats), into this thread's aligned scratch.
-  Eigen::Map<RowMatrix, Eigen::AlignedMax> xb(
-      thread_scratch<RowsTag>(static_cast<std::size_t>(n * d)), n, d);
-  double* const yb = thread_scratch<ResponsesTag>(static_cast<std::size_t>(n));
-  for (Eigen::Index i = 0; i < n; ++i) {
-    const auto r = static_cast<std::size_t>(rows[static_cast<std::size_t>(i)]);
-    for (int j = 0; j < d; ++j) xb(i, j) = x_[r * std::size_t(d) + std::size_t(j)];
-    yb[i] = y_[r];
+  const auto i0 = static_cast<std::size_t>(rows.data() - p.begin), n = rows.size();
+  // Per draw, the group's log-likelihoods summed in row order.
+  for (int k = 0; k < s; ++k) {
+    double f = 0;
+    for (std::size_t i = i0; i < i0 + n; ++i) f += p.lik[i * std::size_t(s) + std::size_t(k)];
+    out[std::size_t(k * width_)] = f;
   }
-  double* const f = thread_scratch<LoglikTag>(static_cast<std::size_t>(s));
   // The gradient in theta only where the estimator uses it (reparameterisation steps), written
   // in place: draw k's is out[k * width + 1, (k + 1) * width).
-  const std::span<double> g = with_grad_ ? out.subspan(1) : std::span<double>{};
-  cfg_.glm.loglik_draws({theta_.data(), std::size_t(theta_.size())}, s,
-                        {xb.data(), std::size_t(xb.size())}, {yb, std::size_t(n)},
-                        {f, std::size_t(s)}, g, static_cast<std::size_t>(width_));
-  for (int k = 0; k < s; ++k) out[std::size_t(k * width_)] = f[k];
+  if (!with_grad_) return;
+  const auto cols = static_cast<std::size_t>(s * cfg_.glm.outputs());
+  const auto d = static_cast<std::size_t>(cfg_.glm.features);
+  cfg_.glm.rows_gradient(s, {p.x.data() + i0 * d, n * d}, p.r.data() + i0 * cols, cols,
+                         out.subspan(1), static_cast<std::size_t>(width_));
 }
 
 double Posterior::gradient(std::span<const double> sums, std::span<const std::uint8_t> kept,

@@ -44,10 +44,14 @@ class Posterior {
   void set_draws(engine::DrawKind kind, std::int64_t t);
   int n_draws() const { return static_cast<int>(theta_.rows()); }
   std::int64_t width() const { return width_; }
+  // The per-row terms (Glm::row_terms) of a run of consecutive groups' rows, kept for their
+  // block() calls on this thread: one pass over a thread's rows in a few large kernels, instead
+  // of one small call per group (with N >> B most groups are one row, and those calls' fixed
+  // costs were most of a step, perf).
+  void prepare(std::span<const std::int64_t> rows) const;
+  // A group's sums: prepare()'s terms when its rows lie in the last run prepared on this thread
+  // for these draws, else prepared here.
   void block(std::span<const std::int64_t> rows, std::span<double> out) const;
-  // Starts loading these rows into the cache (a later block's): with N >> B a step's rows are
-  // scattered over the whole array, and waiting for memory was most of block()'s time (perf).
-  void prefetch(std::span<const std::int64_t> rows) const;
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;
   double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale) const;
@@ -70,6 +74,7 @@ class Posterior {
   RowMatrix eps_, theta_;
   std::int64_t width_ = 1;
   bool with_grad_ = false;
+  std::uint64_t pass_ = 0;  // set_draws' call: keys the threads' prepared rows
 };
 
 static_assert(engine::DrawModel<Posterior>);

@@ -8,75 +8,125 @@
 
 #include "core/error.hpp"
 #include "core/scratch.hpp"
+#include "core/vec4.hpp"
 
 namespace caviar::bbvi {
 namespace {
 
-using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using RowMap = Eigen::Map<RowMajor, Eigen::AlignedMax>;
 struct EtaTag;
-struct ResidualTag;
-struct SumsTag;
-struct GradTag;
+struct WeightsTag;
 
-// The logistic likelihood of every (row, draw) of a block: eta is n x S (C = 1), y the n labels.
-// Adds each draw's sum of log p(y_i | eta_is) over the rows, in row order, to f, and writes
-// d log p / d eta = y - sigmoid(eta) into r. With t = exp(-|eta|), u = 1 + t:
+// log p(y | eta) and d log p / d eta = y - sigmoid(eta) of the logistic likelihood for m entries,
+// entry j's label y[j / s] (s draws per row). With t = exp(-|eta|), u = 1 + t:
 //   log p(y | eta) = -softplus(a), a = eta (y = 0) or -eta (y = 1), softplus(a) = max(a, 0) +
 //   log1p(t), without overflow for any eta; sigmoid(eta) = 1 / u (eta >= 0) or t / u.
 // Vectorised (Eigen's exp and log are SIMD for doubles, its log1p is not) in chunks held on the
-// stack, since a block can be a single row: log1p(t) = log(u) t / (u - 1), accurate to a few
-// ulps because u - 1 is exact (Goldberg 1991, Theorem 4), and t where u rounds to 1. As scalar
-// library calls these functions were more than half of the CPU time of a logistic fit with its
-// default 1,000-draw k-hat pass over every row (perf; N = 1e6, D = 50, 600 steps). The
-// arithmetic runs on whole chunks and the choices between two values are separate loops that only
-// pick, which the compiler turns into SIMD blends: Eigen 3.4 evaluates select() one coefficient at
-// a time, with a branch on the sign of eta that is a coin flip. The entry's row and draw are
-// counted, not divided out. Both were a quarter of this function's time (perf, one row per block,
-// on a CPU with slow 64-bit division).
-void logistic_terms(const RowMap& eta, std::span<const double> y, RowMap& r, std::span<double> f) {
-  constexpr Eigen::Index kChunk = 256;
+// stack: log1p(t) = log(u) t / (u - 1), accurate to a few ulps because u - 1 is exact (Goldberg
+// 1991, Theorem 4), and t where u rounds to 1. As scalar library calls these functions were more
+// than half of the CPU time of a logistic fit with its default 1,000-draw k-hat pass over every
+// row (perf; N = 1e6, D = 50, 600 steps). The arithmetic runs on whole chunks and the choices
+// between two values are separate loops that only pick, which the compiler turns into SIMD blends
+// (Eigen 3.4 evaluates select() one coefficient at a time, with a branch on the sign of eta that
+// is a coin flip). Each entry's values depend on its eta and label alone.
+void logistic_terms(const double* eta, Eigen::Index total, int s, std::span<const double> y,
+                    double* lik, double* r) {
+  // Every chunk is computed in whole vectors (padded with zeros to kPad entries): Eigen computes
+  // a remainder after its last whole vector with the scalar exp and log, whose bits differ from
+  // the vector ones', and an entry's place in a run of rows depends on the thread split.
+  constexpr Eigen::Index kChunk = 256, kPad = 8;
   using Chunk = Eigen::Array<double, Eigen::Dynamic, 1, 0, kChunk, 1>;
-  const Eigen::Index s = eta.cols(), total = eta.rows() * s;
-  double* const sums = thread_scratch<SumsTag>(static_cast<std::size_t>(s));
-  std::fill(sums, sums + s, 0.0);
-  // Entry c0 + j of eta (row-major) is row (c0 + j) / s, draw (c0 + j) % s.
-  Eigen::Index row = 0, draw = 0;
+  Eigen::Index row = 0, draw = 0;  // of entry c0 (counted, not divided out)
   for (Eigen::Index c0 = 0; c0 < total; c0 += kChunk) {
-    const Eigen::Index m = std::min(kChunk, total - c0);
-    const Eigen::Map<const Eigen::ArrayXd> e(eta.data() + c0, m);
-    Chunk yv(m);
-    for (Eigen::Index j = 0, i = row, k = draw; j < m; ++j) {
-      yv[j] = y[static_cast<std::size_t>(i)];
-      if (++k == s) k = 0, ++i;
+    const Eigen::Index m = std::min(kChunk, total - c0), mp = (m + kPad - 1) / kPad * kPad;
+    Chunk e(mp), yv(mp);
+    for (Eigen::Index j = 0; j < m; ++j) {
+      e[j] = eta[c0 + j];
+      yv[j] = y[static_cast<std::size_t>(row)];
+      if (++draw == s) draw = 0, ++row;
     }
+    for (Eigen::Index j = m; j < mp; ++j) e[j] = yv[j] = 0.0;
     const Chunk t = (-e.abs()).exp();
     const Chunk u = 1.0 + t;
     const Chunk log_u = u.log();
     const Chunk u_1 = u - 1.0;
-    Chunk den(m);
-    for (Eigen::Index j = 0; j < m; ++j) {
+    Chunk den(mp);
+    for (Eigen::Index j = 0; j < mp; ++j) {
       const double v = u_1[j];
       den[j] = u[j] == 1.0 ? 1.0 : v;
     }
     const Chunk q = log_u * t / den;  // log1p(t) where u > 1
     const Chunk inv_u = 1.0 / u, t_u = t / u;
-    Chunk log1p_t(m), sigmoid(m);
-    for (Eigen::Index j = 0; j < m; ++j) {
+    Chunk log1p_t(mp), sigmoid(mp);
+    for (Eigen::Index j = 0; j < mp; ++j) {
       const double tj = t[j], qj = q[j], inv = inv_u[j], tu = t_u[j];
       log1p_t[j] = u[j] == 1.0 ? tj : qj;
       sigmoid[j] = e[j] >= 0.0 ? inv : tu;
     }
-    Eigen::Map<Eigen::ArrayXd>(r.data() + c0, m) = yv - sigmoid;
     const Chunk a = e * (1.0 - 2.0 * yv);  // exact: y is 0 or 1
-    const Chunk lik = -(a.max(0.0) + log1p_t);
-    for (Eigen::Index j = 0; j < m; ++j) {
-      sums[static_cast<std::size_t>(draw)] += lik[j];
-      if (++draw == s) draw = 0, ++row;
+    const Chunk l = -(a.max(0.0) + log1p_t), res = yv - sigmoid;
+    std::copy_n(res.data(), m, r + c0);
+    std::copy_n(l.data(), m, lik + c0);
+  }
+}
+
+// eta(i, c) = w_c . x_i + b_c for R rows from x (row-major, D columns) and the 4 NV columns
+// [c0, c0 + 4 NV) of wt, theta transposed ((D + 1) rows of ldw, the intercepts last): four columns'
+// weights of one feature are one vector, so each column is one chain of fused multiply-adds over
+// the features in order, then the intercept added. Every eta is computed so, whatever R, NV and
+// c0 are: it depends on its row and column alone, not on the other rows prepared with it (which
+// depend on the thread split) nor on where they sit in memory. Only the first `valid` columns of
+// the block are stored.
+template <int R, int NV>
+inline void eta_block(const double* wt, std::size_t ldw, int d, const double* x, int c0, int valid,
+                      double* eta, std::size_t lde) {
+  Vec4 acc[R][NV] = {};
+  for (int j = 0; j < d; ++j) {
+    const double* w = wt + static_cast<std::size_t>(j) * ldw + c0;
+    Vec4 wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = vload<Vec4>(w + 4 * v);
+    for (int r = 0; r < R; ++r) {
+      const Vec4 xr = splat<Vec4>(x[static_cast<std::size_t>(r) * std::size_t(d) + std::size_t(j)]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(xr, wv[v], acc[r][v]);
     }
   }
-  for (Eigen::Index k = 0; k < s; ++k)
-    f[static_cast<std::size_t>(k)] += sums[static_cast<std::size_t>(k)];
+  const double* b = wt + static_cast<std::size_t>(d) * ldw + c0;
+  for (int v = 0; v < NV; ++v) {
+    const Vec4 bv = vload<Vec4>(b + 4 * v);
+    for (int r = 0; r < R; ++r) acc[r][v] += bv;
+  }
+  for (int r = 0; r < R; ++r) {
+    double* e = eta + static_cast<std::size_t>(r) * lde + c0;
+    if (valid == 4 * NV)
+      for (int v = 0; v < NV; ++v) vstore(e + 4 * v, acc[r][v]);
+    else
+      for (int c = 0; c < valid; ++c) e[c] = acc[r][c / 4][c % 4];
+  }
+}
+
+// The R-row kernels over every column: blocks of eight, then of four (the last one padded).
+template <int R>
+inline void eta_rows(const double* wt, std::size_t ldw, int d, int cols, const double* x,
+                     double* eta) {
+  int c0 = 0;
+  for (; c0 + 8 <= cols; c0 += 8) eta_block<R, 2>(wt, ldw, d, x, c0, 8, eta, std::size_t(cols));
+  for (; c0 < cols; c0 += 4)
+    eta_block<R, 1>(wt, ldw, d, x, c0, std::min(4, cols - c0), eta, std::size_t(cols));
+}
+
+// out[j] = sum_i r_i x_i[j] for the columns [j0, j0 + 4 NV), over the n rows in order: the first
+// product rounded, then one fused multiply-add per row, in registers (as the scalar remainder).
+template <int NV>
+inline void gradient_columns(const double* x, int d, std::int64_t n, const double* r,
+                             std::size_t ldr, int j0, double* out) {
+  Vec4 acc[NV];
+  const Vec4 r0 = splat<Vec4>(r[0]);
+  for (int v = 0; v < NV; ++v) acc[v] = r0 * vload<Vec4>(x + j0 + 4 * v);
+  for (std::int64_t i = 1; i < n; ++i) {
+    const Vec4 ri = splat<Vec4>(r[static_cast<std::size_t>(i) * ldr]);
+    const double* xi = x + static_cast<std::size_t>(i) * std::size_t(d) + j0;
+    for (int v = 0; v < NV; ++v) acc[v] = vfma(ri, vload<Vec4>(xi + 4 * v), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) vstore(out + j0 + 4 * v, acc[v]);
 }
 
 }  // namespace
@@ -112,55 +162,51 @@ double Glm::loglik(std::span<const double> theta, std::span<const double> x,
   return f;
 }
 
-void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
-                       std::span<const double> y, std::span<double> f, std::span<double> grad,
-                       std::size_t grad_stride) const {
-  using Stride = Eigen::OuterStride<>;
-  const int d = features, c = outputs();
-  const auto n = static_cast<Eigen::Index>(y.size());
-  const auto p = n_params();
-  const Eigen::Map<const RowMajor> xm(x.data(), n, d);
-  // eta(i, s * C + k) = w_{s,k} . x_i + b_{s,k}: one product for every draw and output.
-  const Eigen::Map<const RowMajor, 0, Stride> w(theta.data(), samples * c, d, Stride(d + 1));
-  const auto cols = static_cast<std::size_t>(samples * c);
-  RowMap eta(thread_scratch<EtaTag>(static_cast<std::size_t>(n) * cols), n, samples * c);
-  // One row and one output (most minibatch groups when N >> B): S dot products, and below S
-  // scaled copies of the row, without a matrix product's dispatch and packing, which took most
-  // of such a group's time. Gradient bits are those of the product (one rounding each); eta's
-  // are a fixed function of the row and the draws, as the product's were.
-  const bool one_row = n == 1 && c == 1;
-  if (one_row)
-    for (int s = 0; s < samples; ++s) eta(0, s) = w.row(s).dot(xm.row(0));
-  else
-    eta.noalias() = xm * w.transpose();
-  RowMap r(thread_scratch<ResidualTag>(static_cast<std::size_t>(n) * cols), n,
-           samples * c);  // d log p / d eta
+void Glm::row_terms(std::span<const double> theta, int samples, std::span<const double> x,
+                    std::span<const double> y, double* lik, double* r) const {
+  const int d = features, c = outputs(), cols = samples * c;
+  const auto n = static_cast<std::int64_t>(y.size());
+  const auto ld = static_cast<std::size_t>(cols);
+  double* const eta = thread_scratch<EtaTag>(static_cast<std::size_t>(n) * ld);
+  // theta transposed, its columns padded with zeros to a multiple of four.
+  const auto ldw = static_cast<std::size_t>((cols + 3) / 4 * 4);
+  double* const wt = thread_scratch<WeightsTag>(static_cast<std::size_t>(d + 1) * ldw);
+  for (int j = 0; j <= d; ++j)
+    for (std::size_t k = 0; k < ldw; ++k)
+      wt[std::size_t(j) * ldw + k] =
+          k < ld ? theta[k * static_cast<std::size_t>(d + 1) + std::size_t(j)] : 0.0;
+  // Four rows at a time share each load of the weights; the rest one by one.
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    eta_rows<4>(wt, ldw, d, cols, x.data() + static_cast<std::size_t>(i) * std::size_t(d),
+                eta + static_cast<std::size_t>(i) * ld);
+  for (; i < n; ++i)
+    eta_rows<1>(wt, ldw, d, cols, x.data() + static_cast<std::size_t>(i) * std::size_t(d),
+                eta + static_cast<std::size_t>(i) * ld);
+  if (likelihood == Likelihood::kLogistic) {
+    logistic_terms(eta, n * cols, samples, y, lik, r);
+    return;
+  }
   const double inv_var = 1.0 / (noise_sd * noise_sd);
   const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
-  for (int s = 0; s < samples; ++s)
-    for (int k = 0; k < c; ++k) {
-      const double b = theta[static_cast<std::size_t>(s * p + k * (d + 1) + d)];
-      for (Eigen::Index i = 0; i < n; ++i) eta(i, s * c + k) += b;
-    }
-  std::fill(f.begin(), f.begin() + samples, 0.0);
-  if (likelihood == Likelihood::kLogistic) logistic_terms(eta, y, r, f);
-  // The other likelihoods, per draw in row order (logistic_terms did the logistic's).
-  for (int s = 0; s < samples && likelihood != Likelihood::kLogistic; ++s) {
-    double sum = 0;
-    for (Eigen::Index i = 0; i < n; ++i) {
-      double* e = &eta(i, s * c);
-      double* ri = &r(i, s * c);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double yi = y[static_cast<std::size_t>(i)];
+    for (int s = 0; s < samples; ++s) {
+      const std::size_t at = static_cast<std::size_t>(i) * ld + static_cast<std::size_t>(s * c);
+      const double* e = eta + at;
+      double* ri = r + at;
+      double& l = lik[static_cast<std::size_t>(i * samples + s)];
       switch (likelihood) {
         case Likelihood::kLogistic:
           break;
         case Likelihood::kLinear:
-          sum += lin_const - 0.5 * (y[i] - e[0]) * (y[i] - e[0]) * inv_var;
-          ri[0] = (y[i] - e[0]) * inv_var;
+          l = lin_const - 0.5 * (yi - e[0]) * (yi - e[0]) * inv_var;
+          ri[0] = (yi - e[0]) * inv_var;
           break;
         case Likelihood::kPoisson: {
           const double mu = std::exp(e[0]);
-          sum += y[i] * e[0] - mu - std::lgamma(y[i] + 1);
-          ri[0] = y[i] - mu;
+          l = yi * e[0] - mu - std::lgamma(yi + 1);
+          ri[0] = yi - mu;
           break;
         }
         case Likelihood::kSoftmax: {
@@ -168,41 +214,67 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
           for (int k = 0; k < c; ++k) m = std::max(m, e[k]);
           for (int k = 0; k < c; ++k) z += std::exp(e[k] - m);
           const double lse = m + std::log(z);
-          const int yi = static_cast<int>(y[i]);
-          sum += e[yi] - lse;
-          for (int k = 0; k < c; ++k) ri[k] = (k == yi ? 1.0 : 0.0) - std::exp(e[k] - lse);
+          const int label = static_cast<int>(yi);
+          l = e[label] - lse;
+          for (int k = 0; k < c; ++k) ri[k] = (k == label ? 1.0 : 0.0) - std::exp(e[k] - lse);
           break;
         }
       }
     }
-    f[static_cast<std::size_t>(s)] += sum;
   }
-  if (grad.empty()) return;  // the log-likelihoods only (ELBO and diagnostic passes)
-  // Weights: grad_w(s * C + k, :) = r(:, s * C + k)^T X; intercepts: column sums in row order.
-  // Row s * C + k starts at grad[s * ld + k * (D + 1)]: one stride when C = 1 or the draws are
-  // packed (ld = P), so a caller's buffer takes the values in place (a minibatch group's tree
-  // node: no zeroing and no copy per row, which were a tenth of a logistic step, perf); else
-  // (softmax, strided) through a packed scratch. Each value is that of adding it to zeros (0 + v,
-  // -0 included), as when the gradient was accumulated into a zeroed buffer: the same bits.
-  const std::size_t ld = grad_stride != 0 ? grad_stride : static_cast<std::size_t>(p);
-  const bool packed = c == 1 || ld == static_cast<std::size_t>(p);
-  const Eigen::Index row_stride = packed && c == 1 ? static_cast<Eigen::Index>(ld) : d + 1;
-  double* const g = packed ? grad.data() : thread_scratch<GradTag>(cols * std::size_t(d + 1));
-  Eigen::Map<RowMajor, 0, Stride> gw(g, samples * c, d, Stride(row_stride));
-  if (one_row) {
-    for (int s = 0; s < samples; ++s) gw.row(s).array() = r(0, s) * xm.row(0).array() + 0.0;
-  } else {
-    gw.setZero();
-    gw.noalias() += r.transpose() * xm;
-  }
-  for (int j = 0; j < samples * c; ++j) {
-    double sb = 0;
-    for (Eigen::Index i = 0; i < n; ++i) sb += r(i, j);
-    g[j * row_stride + d] = sb;
-  }
-  if (packed) return;
+}
+
+void Glm::rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
+                        std::span<double> grad, std::size_t grad_stride) const {
+  const int d = features, c = outputs();
+  const auto n = static_cast<std::int64_t>(x.size() / static_cast<std::size_t>(d));
+  const double* const xd = x.data();
+  const std::size_t ld = grad_stride != 0 ? grad_stride : static_cast<std::size_t>(n_params());
   for (int s = 0; s < samples; ++s)
-    std::copy_n(g + std::size_t(s) * std::size_t(p), p, grad.data() + std::size_t(s) * ld);
+    for (int k = 0; k < c; ++k) {
+      // Row s C + k: [w_{s,k}, b_{s,k}] at grad[s ld + k (D + 1)].
+      const double* rc = r + s * c + k;
+      double* out = grad.data() + static_cast<std::size_t>(s) * ld + std::size_t(k) * (d + 1);
+      int j = 0;
+      for (; j + 32 <= d; j += 32) gradient_columns<8>(xd, d, n, rc, ldr, j, out);
+      if (j + 16 <= d) {
+        gradient_columns<4>(xd, d, n, rc, ldr, j, out);
+        j += 16;
+      }
+      if (j + 8 <= d) {
+        gradient_columns<2>(xd, d, n, rc, ldr, j, out);
+        j += 8;
+      }
+      if (j + 4 <= d) {
+        gradient_columns<1>(xd, d, n, rc, ldr, j, out);
+        j += 4;
+      }
+      for (; j < d; ++j) {
+        double a = rc[0] * xd[j];
+        for (std::int64_t i = 1; i < n; ++i)
+          a = std::fma(rc[static_cast<std::size_t>(i) * ldr],
+                       xd[static_cast<std::size_t>(i) * std::size_t(d) + std::size_t(j)], a);
+        out[j] = a;
+      }
+      double b = rc[0];  // the intercept's: the residuals' sum in row order
+      for (std::int64_t i = 1; i < n; ++i) b += rc[static_cast<std::size_t>(i) * ldr];
+      out[d] = b;
+    }
+}
+
+void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
+                       std::span<const double> y, std::span<double> f, std::span<double> grad,
+                       std::size_t grad_stride) const {
+  const auto n = static_cast<std::int64_t>(y.size());
+  const auto cols = static_cast<std::size_t>(samples * outputs());
+  std::vector<double> lik(static_cast<std::size_t>(n * samples)), r(std::size_t(n) * cols);
+  row_terms(theta, samples, x, y, lik.data(), r.data());
+  for (int s = 0; s < samples; ++s) {
+    double sum = 0;
+    for (std::int64_t i = 0; i < n; ++i) sum += lik[static_cast<std::size_t>(i * samples + s)];
+    f[static_cast<std::size_t>(s)] = sum;
+  }
+  if (!grad.empty() && n > 0) rows_gradient(samples, x, r.data(), cols, grad, grad_stride);
 }
 
 double Glm::log_prior(std::span<const double> theta, std::span<double> grad) const {

@@ -41,15 +41,29 @@ struct Glm {
   double loglik(std::span<const double> theta, std::span<const double> x, std::span<const double> y,
                 std::span<double> grad) const;
 
-  // The same for S parameter vectors at once (one step's draws), as matrix products: f[s] =
-  // sum_n log p(y_n | x_n, theta_s) and grad's row s = its gradient (both overwritten). theta:
-  // S x P row-major; grad: S rows of P, row s at grad[s * grad_stride] (0: P), or empty for the
-  // log-likelihoods alone; x: n x D row-major. The result depends only on the block and S, not on
-  // where the block or the gradient sits in memory (the products pack their operands; sums run in
-  // index order).
+  // The same for S parameter vectors at once (one step's draws): f[s] = sum_n log p(y_n | x_n,
+  // theta_s) and grad's row s = its gradient (both overwritten). theta: S x P row-major; grad: S
+  // rows of P, row s at grad[s * grad_stride] (0: P), or empty for the log-likelihoods alone;
+  // x: n x D row-major. row_terms, then the rows' sums in order and rows_gradient: the result
+  // depends only on the block and S, not on where the block or the gradient sits in memory.
   void loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
                     std::span<const double> y, std::span<double> f, std::span<double> grad,
                     std::size_t grad_stride = 0) const;
+
+  // Per row and draw, for the rows of x (n x D row-major) and their responses y (n):
+  //   lik[i S + s]          = log p(y_i | x_i, theta_s)
+  //   r[i S C + s C + k]    = d log p(y_i | x_i, theta_s) / d eta_{i,s,k}
+  // Each row's values are a fixed function of that row, its response and theta: they do not
+  // depend on the other rows, their number or order, or memory addresses. So the draws driver
+  // may compute them for any run of rows (a thread's share of a pass) and sum them by groups.
+  void row_terms(std::span<const double> theta, int samples, std::span<const double> x,
+                 std::span<const double> y, double* lik, double* r) const;
+  // The gradient in theta of the log-likelihood of the rows of x (n x D) from their r
+  // (row_terms'; row i at r + i * ldr): grad's row s, at grad[s * grad_stride] (0: P), overwritten
+  // with sum_i over the rows in order of r_{i,s,k} [x_i, 1] in output k's place. Needs at least one
+  // row.
+  void rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
+                     std::span<double> grad, std::size_t grad_stride = 0) const;
 
   // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
   double log_prior(std::span<const double> theta, std::span<double> grad) const;
