@@ -112,7 +112,9 @@ std::vector<double> TreeStack::packed() const {
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
-    const std::function<void(std::span<const std::int64_t>)>& prepare) {
+    const std::function<void(std::span<const std::int64_t>)>& prepare,
+    const std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
+                             std::span<double>)>& pair) {
   const std::int64_t r = samples * width, n_local = groups.size();
   // Contiguous ranges of groups per thread, each summing its groups' subtrees as they come; then
   // the threads' nodes in order, on this thread. A thread's groups go to prepare() in runs of
@@ -139,8 +141,18 @@ DrawSums reduce_draws(
             static_cast<std::size_t>(rows(end))));
       }
       for (; k < end; ++k) {
-        block(groups.group(k), std::span<double>(tree.next(), static_cast<std::size_t>(r)));
-        tree.push(0, groups.first + k);
+        const std::int64_t g = groups.first + k;
+        const std::span<double> out(tree.next(), static_cast<std::size_t>(r));
+        // A left leaf whose right sibling is in the same run: their parent, node (1, g / 2), at
+        // once (the model adds the two groups' values as push would).
+        if (pair && g % 2 == 0 && k + 1 < end) {
+          pair(groups.group(k), groups.group(k + 1), out);
+          tree.push(1, g / 2);
+          ++k;
+          continue;
+        }
+        block(groups.group(k), out);
+        tree.push(0, g);
       }
     }
   });

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -79,7 +80,10 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
     std::vector<std::span<const std::int64_t>> last(static_cast<std::size_t>(t));
     std::vector<std::int64_t> outside(static_cast<std::size_t>(t), 0);
     std::vector<std::int64_t> prepared(static_cast<std::size_t>(t), 0);
-    for (const bool with_prepare : {false, true}) {
+    std::atomic<std::int64_t> pairs{0};
+    // mode 0: blocks alone; 1: with prepare; 2: with prepare and sibling pairs at once.
+    for (const int mode : {0, 1, 2}) {
+      const bool with_prepare = mode > 0;
       d = detail::reduce_draws(
           world, kSamples, kWidth, g,
           [&](std::span<const std::int64_t> rows, std::span<double> out) {
@@ -96,16 +100,29 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
                                last[th] = rows;
                                prepared[th] += static_cast<std::int64_t>(rows.size());
                              })
-                       : std::function<void(std::span<const std::int64_t>)>{});
+                       : std::function<void(std::span<const std::int64_t>)>{},
+          mode == 2 ? std::function<void(std::span<const std::int64_t>,
+                                         std::span<const std::int64_t>, std::span<double>)>(
+                          [&](std::span<const std::int64_t> a, std::span<const std::int64_t> b,
+                              std::span<double> out) {
+                            ++pairs;
+                            std::vector<double> right(out.size());
+                            block(mine.begin, a, out);
+                            block(mine.begin, b, right);
+                            for (std::size_t c = 0; c < out.size(); ++c) out[c] += right[c];
+                          })
+                    : std::function<void(std::span<const std::int64_t>,
+                                         std::span<const std::int64_t>, std::span<double>)>{});
       ASSERT_EQ(d.sums.size(), ref.size());
       EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
-          << what << " at " << world.size() << " ranks x " << t << " threads"
-          << (with_prepare ? ", with prepare" : "");
+          << what << " at " << world.size() << " ranks x " << t << " threads, mode " << mode;
     }
     EXPECT_EQ(std::accumulate(outside.begin(), outside.end(), std::int64_t{0}), 0) << what;
     EXPECT_EQ(std::accumulate(prepared.begin(), prepared.end(), std::int64_t{0}),
-              static_cast<std::int64_t>(g.rows.size()))
+              2 * static_cast<std::int64_t>(g.rows.size()))
         << what;
+    // Sibling groups of one run went as pairs (runs hold several groups here).
+    if (g.size() >= 4 && t == 1) EXPECT_GT(pairs.load(), 0) << what;
     ASSERT_EQ(d.sums.size(), ref.size());
     EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
         << what << " at " << world.size() << " ranks x " << t << " threads";

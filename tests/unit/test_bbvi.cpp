@@ -178,6 +178,17 @@ TEST(BbviGlm, RowTermsDependOnTheRowAlone) {
           m.rows_gradient(samples, {x.data() + first * d, std::size_t(len * d)},
                           r_all.data() + first * cols, cols, g2);
           ASSERT_EQ(g, g2) << "rows " << first << "+" << len;
+          // With the next rows as a second group: the two gradients added, bit for bit.
+          if (first + len + 2 > n) continue;
+          Vec g3(samples * p), both(samples * p);
+          m.rows_gradient(samples, {x.data() + (first + len) * d, std::size_t(2 * d)},
+                          r_all.data() + (first + len) * cols, cols, g3);
+          m.rows_gradient(samples, {x.data() + first * d, std::size_t(len * d)},
+                          r_all.data() + first * cols, cols, both, 0,
+                          {x.data() + (first + len) * d, std::size_t(2 * d)},
+                          r_all.data() + (first + len) * cols);
+          for (std::size_t j = 0; j < both.size(); ++j)
+            ASSERT_EQ(both[j], g[j] + g3[j]) << "rows " << first << "+" << len << " and 2, " << j;
         }
     }
 }

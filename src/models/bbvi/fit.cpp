@@ -90,26 +90,53 @@ void Posterior::prepare(std::span<const std::int64_t> rows) const {
 }
 
 void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out) const {
+  block_pair(rows, {}, out);
+}
+
+void Posterior::block_pair(std::span<const std::int64_t> a, std::span<const std::int64_t> b,
+                           std::span<double> out) const {
   Prepared& p = prepared();
   const std::less<const std::int64_t*> before;  // a total order, for pointers into any arrays
-  if (p.pass != pass_ || before(rows.data(), p.begin) ||
-      before(p.begin + p.n, rows.data() + rows.size()))
-    prepare(rows);
-  const int s = n_draws();
-  const auto i0 = static_cast<std::size_t>(rows.data() - p.begin), n = rows.size();
-  // Per draw, the group's log-likelihoods summed in row order.
-  for (int k = 0; k < s; ++k) {
-    double f = 0;
-    for (std::size_t i = i0; i < i0 + n; ++i) f += p.lik[i * std::size_t(s) + std::size_t(k)];
-    out[std::size_t(k * width_)] = f;
+  const auto inside = [&](std::span<const std::int64_t> rows) {
+    return p.pass == pass_ && !before(rows.data(), p.begin) &&
+           !before(p.begin + p.n, rows.data() + rows.size());
+  };
+  // Another thread's run, or none (a direct call): prepare the groups' rows here.
+  if (!inside(a) || (!b.empty() && !inside(b))) {
+    if (!b.empty()) {
+      block(a, out);
+      std::vector<double> second(out.size());
+      block(b, second);
+      for (std::size_t c = 0; c < out.size(); ++c) out[c] += second[c];
+      return;
+    }
+    prepare(a);
   }
+  const int s = n_draws();
+  const auto at = [&](std::span<const std::int64_t> rows) {
+    return static_cast<std::size_t>(rows.data() - p.begin);
+  };
+  // Per draw, each group's log-likelihoods summed in row order (then the two groups' added).
+  const auto f = [&](std::span<const std::int64_t> rows, int k) {
+    double sum = 0;
+    for (std::size_t i = at(rows); i < at(rows) + rows.size(); ++i)
+      sum += p.lik[i * std::size_t(s) + std::size_t(k)];
+    return sum;
+  };
+  for (int k = 0; k < s; ++k)
+    out[std::size_t(k * width_)] = b.empty() ? f(a, k) : f(a, k) + f(b, k);
   // The gradient in theta only where the estimator uses it (reparameterisation steps), written
   // in place: draw k's is out[k * width + 1, (k + 1) * width).
   if (!with_grad_) return;
   const auto cols = static_cast<std::size_t>(s * cfg_.glm.outputs());
   const auto d = static_cast<std::size_t>(cfg_.glm.features);
-  cfg_.glm.rows_gradient(s, {p.x.data() + i0 * d, n * d}, p.r.data() + i0 * cols, cols,
-                         out.subspan(1), static_cast<std::size_t>(width_));
+  const auto x_of = [&](std::span<const std::int64_t> rows) {
+    return std::span<const double>(p.x.data() + at(rows) * d, rows.size() * d);
+  };
+  cfg_.glm.rows_gradient(s, x_of(a), p.r.data() + at(a) * cols, cols, out.subspan(1),
+                         static_cast<std::size_t>(width_),
+                         b.empty() ? std::span<const double>{} : x_of(b),
+                         b.empty() ? nullptr : p.r.data() + at(b) * cols);
 }
 
 double Posterior::gradient(std::span<const double> sums, std::span<const std::uint8_t> kept,

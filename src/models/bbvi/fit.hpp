@@ -52,6 +52,9 @@ class Posterior {
   // A group's sums: prepare()'s terms when its rows lie in the last run prepared on this thread
   // for these draws, else prepared here.
   void block(std::span<const std::int64_t> rows, std::span<double> out) const;
+  // Two consecutive groups' sums added, as the draws' sum tree adds them, without writing either.
+  void block_pair(std::span<const std::int64_t> a, std::span<const std::int64_t> b,
+                  std::span<double> out) const;
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;
   double elbo(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale) const;

@@ -113,20 +113,53 @@ inline void eta_rows(const double* wt, std::size_t ldw, int d, int cols, const d
     eta_block<R, 1>(wt, ldw, d, x, c0, std::min(4, cols - c0), eta, std::size_t(cols));
 }
 
-// out[j] = sum_i r_i x_i[j] for the columns [j0, j0 + 4 NV), over the n rows in order: the first
-// product rounded, then one fused multiply-add per row, in registers (as the scalar remainder).
+// One group's rows for rows_gradient: x (n x D), their residuals r (row i at r + i * ldr).
+struct GroupRows {
+  const double* x;
+  std::int64_t n;
+  const double* r;
+};
+
+// acc[v] = sum_i r_i x_i[j0 + 4 v + lane] over g's rows in order: the first product rounded, then
+// one fused multiply-add per row (as the scalar remainder below).
 template <int NV>
-inline void gradient_columns(const double* x, int d, std::int64_t n, const double* r,
-                             std::size_t ldr, int j0, double* out) {
-  Vec4 acc[NV];
-  const Vec4 r0 = splat<Vec4>(r[0]);
-  for (int v = 0; v < NV; ++v) acc[v] = r0 * vload<Vec4>(x + j0 + 4 * v);
-  for (std::int64_t i = 1; i < n; ++i) {
-    const Vec4 ri = splat<Vec4>(r[static_cast<std::size_t>(i) * ldr]);
-    const double* xi = x + static_cast<std::size_t>(i) * std::size_t(d) + j0;
+inline void chain(const GroupRows& g, int d, std::size_t ldr, int j0, Vec4* acc) {
+  const Vec4 r0 = splat<Vec4>(g.r[0]);
+  for (int v = 0; v < NV; ++v) acc[v] = r0 * vload<Vec4>(g.x + j0 + 4 * v);
+  for (std::int64_t i = 1; i < g.n; ++i) {
+    const Vec4 ri = splat<Vec4>(g.r[static_cast<std::size_t>(i) * ldr]);
+    const double* xi = g.x + static_cast<std::size_t>(i) * std::size_t(d) + j0;
     for (int v = 0; v < NV; ++v) acc[v] = vfma(ri, vload<Vec4>(xi + 4 * v), acc[v]);
   }
+}
+
+// out[j0, j0 + 4 NV) = a's sums, or a's plus b's (each summed alone, then added) when b has rows:
+// in registers, so a pair of groups' parent node is written without writing the two groups.
+template <int NV>
+inline void gradient_columns(const GroupRows& a, const GroupRows& b, int d, std::size_t ldr, int j0,
+                             double* out) {
+  Vec4 acc[NV];
+  chain<NV>(a, d, ldr, j0, acc);
+  if (b.n > 0) {
+    Vec4 acc2[NV];
+    chain<NV>(b, d, ldr, j0, acc2);
+    for (int v = 0; v < NV; ++v) acc[v] += acc2[v];
+  }
   for (int v = 0; v < NV; ++v) vstore(out + j0 + 4 * v, acc[v]);
+}
+
+// The same for one column j, and for the intercept (x = 1: the residuals' sum in row order).
+inline double chain_scalar(const GroupRows& g, int d, std::size_t ldr, int j) {
+  if (j == d) {
+    double s = g.r[0];
+    for (std::int64_t i = 1; i < g.n; ++i) s += g.r[static_cast<std::size_t>(i) * ldr];
+    return s;
+  }
+  double s = g.r[0] * g.x[j];
+  for (std::int64_t i = 1; i < g.n; ++i)
+    s = std::fma(g.r[static_cast<std::size_t>(i) * ldr],
+                 g.x[static_cast<std::size_t>(i) * std::size_t(d) + std::size_t(j)], s);
+  return s;
 }
 
 }  // namespace
@@ -225,40 +258,33 @@ void Glm::row_terms(std::span<const double> theta, int samples, std::span<const 
 }
 
 void Glm::rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
-                        std::span<double> grad, std::size_t grad_stride) const {
+                        std::span<double> grad, std::size_t grad_stride, std::span<const double> x2,
+                        const double* r2) const {
   const int d = features, c = outputs();
-  const auto n = static_cast<std::int64_t>(x.size() / static_cast<std::size_t>(d));
-  const double* const xd = x.data();
+  const auto per = static_cast<std::size_t>(d);
   const std::size_t ld = grad_stride != 0 ? grad_stride : static_cast<std::size_t>(n_params());
   for (int s = 0; s < samples; ++s)
     for (int k = 0; k < c; ++k) {
       // Row s C + k: [w_{s,k}, b_{s,k}] at grad[s ld + k (D + 1)].
-      const double* rc = r + s * c + k;
+      const GroupRows a{x.data(), static_cast<std::int64_t>(x.size() / per), r + s * c + k};
+      const GroupRows b{x2.data(), static_cast<std::int64_t>(x2.size() / per),
+                        r2 ? r2 + s * c + k : nullptr};
       double* out = grad.data() + static_cast<std::size_t>(s) * ld + std::size_t(k) * (d + 1);
       int j = 0;
-      for (; j + 32 <= d; j += 32) gradient_columns<8>(xd, d, n, rc, ldr, j, out);
-      if (j + 16 <= d) {
-        gradient_columns<4>(xd, d, n, rc, ldr, j, out);
-        j += 16;
-      }
+      for (; j + 16 <= d; j += 16) gradient_columns<4>(a, b, d, ldr, j, out);
       if (j + 8 <= d) {
-        gradient_columns<2>(xd, d, n, rc, ldr, j, out);
+        gradient_columns<2>(a, b, d, ldr, j, out);
         j += 8;
       }
       if (j + 4 <= d) {
-        gradient_columns<1>(xd, d, n, rc, ldr, j, out);
+        gradient_columns<1>(a, b, d, ldr, j, out);
         j += 4;
       }
-      for (; j < d; ++j) {
-        double a = rc[0] * xd[j];
-        for (std::int64_t i = 1; i < n; ++i)
-          a = std::fma(rc[static_cast<std::size_t>(i) * ldr],
-                       xd[static_cast<std::size_t>(i) * std::size_t(d) + std::size_t(j)], a);
-        out[j] = a;
+      for (; j <= d; ++j) {
+        double v = chain_scalar(a, d, ldr, j);
+        if (b.n > 0) v += chain_scalar(b, d, ldr, j);
+        out[j] = v;
       }
-      double b = rc[0];  // the intercept's: the residuals' sum in row order
-      for (std::int64_t i = 1; i < n; ++i) b += rc[static_cast<std::size_t>(i) * ldr];
-      out[d] = b;
     }
 }
 

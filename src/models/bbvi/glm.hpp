@@ -60,10 +60,12 @@ struct Glm {
                  std::span<const double> y, double* lik, double* r) const;
   // The gradient in theta of the log-likelihood of the rows of x (n x D) from their r
   // (row_terms'; row i at r + i * ldr): grad's row s, at grad[s * grad_stride] (0: P), overwritten
-  // with sum_i over the rows in order of r_{i,s,k} [x_i, 1] in output k's place. Needs at least one
-  // row.
+  // with sum_i over the rows in order of r_{i,s,k} [x_i, 1] in output k's place. Needs at least
+  // one row. With a second group (x2 and r2, the same ldr): the two groups' gradients, each
+  // summed so, then added: the bits of adding the two written separately, without writing them.
   void rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
-                     std::span<double> grad, std::size_t grad_stride = 0) const;
+                     std::span<double> grad, std::size_t grad_stride = 0,
+                     std::span<const double> x2 = {}, const double* r2 = nullptr) const;
 
   // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
   double log_prior(std::span<const double> theta, std::span<double> grad) const;
