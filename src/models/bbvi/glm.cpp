@@ -16,8 +16,8 @@ namespace {
 struct EtaTag;
 struct WeightsTag;
 
-// log p(y | eta) and d log p / d eta = y - sigmoid(eta) of the logistic likelihood for m entries,
-// entry j's label y[j / s] (s draws per row). With t = exp(-|eta|), u = 1 + t:
+// log p(y | eta) and d log p / d eta = y - sigmoid(eta) of the logistic likelihood for `total`
+// entries, entry j's label y[j / s] (s draws per row). With t = exp(-|eta|), u = 1 + t:
 //   log p(y | eta) = -softplus(a), a = eta (y = 0) or -eta (y = 1), softplus(a) = max(a, 0) +
 //   log1p(t), without overflow for any eta; sigmoid(eta) = 1 / u (eta >= 0) or t / u.
 // Vectorised (Eigen's exp and log are SIMD for doubles, its log1p is not) in chunks held on the
