@@ -1,7 +1,11 @@
 #include "core/rng.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace caviar {
 
@@ -45,11 +49,101 @@ std::array<double, 2> CounterRng::uniform2(std::uint64_t index, std::uint32_t st
   return {to_unit(r[0], r[1]), to_unit(r[2], r[3])};
 }
 
-std::array<double, 2> CounterRng::normal2(std::uint64_t index, std::uint32_t step) const {
-  const auto [u1, u2] = uniform2(index, step);
+namespace {
+// Box-Muller: two standard normals from two uniforms in (0, 1).
+inline std::array<double, 2> box_muller(double u1, double u2) {
   const double radius = std::sqrt(-2.0 * std::log(u1));
   const double angle = 2.0 * std::numbers::pi * u2;
   return {radius * std::cos(angle), radius * std::sin(angle)};
+}
+
+#if defined(__AVX2__)
+// to_unit on four lanes: (hi, lo) in the low halves of 64-bit lanes. The 53 bits become a double
+// in two exact halves (each below 2^52, through the exponent of 2^52), and the same two roundings
+// as to_unit's follow, so the lanes are to_unit's bits.
+inline __m256d to_unit4(__m256i hi, __m256i lo) {
+  const __m256i mask = _mm256_set1_epi64x(0xffffffff),
+                magic = _mm256_set1_epi64x(0x4330000000000000);
+  const __m256i bits =
+      _mm256_srli_epi64(_mm256_or_si256(_mm256_slli_epi64(hi, 32), _mm256_and_si256(lo, mask)), 11);
+  const __m256d two52 = _mm256_castsi256_pd(magic);
+  const __m256d high = _mm256_sub_pd(
+      _mm256_castsi256_pd(_mm256_or_si256(_mm256_srli_epi64(bits, 32), magic)), two52);
+  const __m256d low = _mm256_sub_pd(
+      _mm256_castsi256_pd(_mm256_or_si256(_mm256_and_si256(bits, mask), magic)), two52);
+  const __m256d whole = _mm256_add_pd(_mm256_mul_pd(high, _mm256_set1_pd(0x1.0p32)), low);
+  return _mm256_mul_pd(_mm256_add_pd(whole, _mm256_set1_pd(0.5)), _mm256_set1_pd(0x1.0p-53));
+}
+
+// Philox4x32-10 of the 8 counters (first + i, step, stream), i < 8, as two groups of four lanes
+// (one 32-bit word in the low half of each 64-bit lane, for the 32 x 32 -> 64-bit multiply): out
+// gets uniform2's 16 values. The high halves of the lanes hold garbage that the multiply ignores
+// and that never reaches a low half.
+inline void philox8(std::uint64_t first, std::uint32_t step, std::uint32_t stream,
+                    std::uint64_t seed, double* out) {
+  const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0), m1 = _mm256_set1_epi64x(kPhiloxM1);
+  __m256i c0[2], c1[2], c2[2], c3[2];
+  for (int h = 0; h < 2; ++h) {
+    c0[h] = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<long long>(first + 4 * h)),
+                             _mm256_setr_epi64x(0, 1, 2, 3));
+    c1[h] = _mm256_srli_epi64(c0[h], 32);
+    c2[h] = _mm256_set1_epi64x(step);
+    c3[h] = _mm256_set1_epi64x(stream);
+  }
+  std::uint32_t k0 = static_cast<std::uint32_t>(seed), k1 = static_cast<std::uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    const __m256i key0 = _mm256_set1_epi64x(k0), key1 = _mm256_set1_epi64x(k1);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i p0 = _mm256_mul_epu32(c0[h], m0), p1 = _mm256_mul_epu32(c2[h], m1);
+      c0[h] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p1, 32), c1[h]), key0);
+      c1[h] = p1;
+      c2[h] = _mm256_xor_si256(_mm256_xor_si256(_mm256_srli_epi64(p0, 32), c3[h]), key1);
+      c3[h] = p0;
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256d a = to_unit4(c0[h], c1[h]), b = to_unit4(c2[h], c3[h]);
+    const __m256d lo = _mm256_unpacklo_pd(a, b), hi = _mm256_unpackhi_pd(a, b);
+    _mm256_storeu_pd(out + 8 * h, _mm256_permute2f128_pd(lo, hi, 0x20));
+    _mm256_storeu_pd(out + 8 * h + 4, _mm256_permute2f128_pd(lo, hi, 0x31));
+  }
+}
+#endif
+}  // namespace
+
+std::array<double, 2> CounterRng::normal2(std::uint64_t index, std::uint32_t step) const {
+  const auto [u1, u2] = uniform2(index, step);
+  return box_muller(u1, u2);
+}
+
+void CounterRng::uniforms(std::uint64_t first, std::uint32_t step, std::span<double> out) const {
+  std::size_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 16 <= out.size(); i += 16)
+    philox8(first + i / 2, step, static_cast<std::uint32_t>(stream_), seed_, out.data() + i);
+#endif
+  for (; i < out.size(); i += 2) {
+    const auto u = uniform2(first + i / 2, step);
+    out[i] = u[0];
+    if (i + 1 < out.size()) out[i + 1] = u[1];
+  }
+}
+
+void CounterRng::normals(std::uint64_t first, std::uint32_t step, std::span<double> out) const {
+  // The uniforms in batches of a few cache lines, then Box-Muller pair by pair.
+  constexpr std::size_t kBatch = 64;
+  double u[kBatch];
+  for (std::size_t i = 0; i < out.size(); i += kBatch) {
+    const std::size_t m = std::min(kBatch, (out.size() - i + 1) / 2 * 2);
+    uniforms(first + i / 2, step, {u, m});
+    for (std::size_t k = 0; k < m; k += 2) {
+      const auto z = box_muller(u[k], u[k + 1]);
+      out[i + k] = z[0];
+      if (i + k + 1 < out.size()) out[i + k + 1] = z[1];
+    }
+  }
 }
 
 double sample_gamma(std::uint64_t seed, std::uint32_t stream, std::uint64_t index, double shape) {

@@ -4,6 +4,7 @@
 // makes every random choice in caviar independent of the number of ranks and threads.
 #include <array>
 #include <cstdint>
+#include <span>
 
 namespace caviar {
 
@@ -49,6 +50,10 @@ class CounterRng {
   std::array<double, 2> uniform2(std::uint64_t index, std::uint32_t step) const;
   // Two independent standard normals (Box-Muller on uniform2).
   std::array<double, 2> normal2(std::uint64_t index, std::uint32_t step) const;
+  // out[i] = uniform2(first + i / 2, step)[i % 2], the same bits, several counters at once.
+  void uniforms(std::uint64_t first, std::uint32_t step, std::span<double> out) const;
+  // out[i] = normal2(first + i / 2, step)[i % 2], the same bits.
+  void normals(std::uint64_t first, std::uint32_t step, std::span<double> out) const;
 
  private:
   std::uint64_t seed_;

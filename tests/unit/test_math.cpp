@@ -62,6 +62,23 @@ TEST(CounterRng, SameCounterSameDraw) {
   EXPECT_NE(a.uniform2(5, 3), a.uniform2(5, 4));
 }
 
+TEST(CounterRng, ManyAtOnceAreThePairsBitForBit) {
+  // uniforms and normals compute several counters at once (vector lanes where the CPU has them):
+  // each value must be that of uniform2 and normal2. Odd lengths, lengths around the lanes'
+  // width, a counter that crosses 2^32 and a seed with high bits set.
+  const CounterRng rng(0x123456789abcdefull, Stream::kBbviNoise);
+  for (const std::uint64_t first : {std::uint64_t{0}, (std::uint64_t{1} << 32) - 5})
+    for (const std::size_t n : {0, 1, 2, 15, 16, 17, 33, 200, 301}) {
+      std::vector<double> u(n), z(n);
+      rng.uniforms(first, 9, u);
+      rng.normals(first, 9, z);
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(u[i], rng.uniform2(first + i / 2, 9)[i % 2]) << first << " " << n << " " << i;
+        ASSERT_EQ(z[i], rng.normal2(first + i / 2, 9)[i % 2]) << first << " " << n << " " << i;
+      }
+    }
+}
+
 TEST(Special, DigammaKnownValues) {
   const double euler_gamma = 0.57721566490153286061;
   EXPECT_NEAR(math::digamma(1.0), -euler_gamma, 1e-14);
