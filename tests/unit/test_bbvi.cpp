@@ -230,7 +230,7 @@ TEST(BbviGlm, RefusesResponsesTheLikelihoodCannotTake) {
 
 class BbviFamily : public ::testing::TestWithParam<FamilyKind> {
  protected:
-  static constexpr int kP = 4;
+  static constexpr int kP = 5;  // odd: the full-rank draw's last row has no partner
   Family q{GetParam(), kP, 2};
   Vec lambda() const {
     // A start, then moved away from it so that mu != 0 and the factors are not diagonal.
@@ -271,10 +271,10 @@ TEST_P(BbviFamily, DrawsHaveTheFamilysMoments) {
   const RowMatrix eps = draw_noise(7, 0, n, q.n_noise());
   VectorXd sum = VectorXd::Zero(kP);
   MatrixXd sq = MatrixXd::Zero(kP, kP);
-  Vec theta(kP);
+  RowMatrix theta(n, kP);
+  q.draw(l, {eps.data(), size_t(eps.size())}, {theta.data(), size_t(theta.size())});
   for (int s = 0; s < n; ++s) {
-    q.draw(l, {eps.row(s).data(), size_t(eps.cols())}, theta);
-    const VectorXd t = Eigen::Map<const VectorXd>(theta.data(), kP) - q.mean(l);
+    const VectorXd t = theta.row(s).transpose() - q.mean(l);
     sum += t;
     sq += t * t.transpose();
   }
@@ -320,6 +320,43 @@ TEST_P(BbviFamily, GradientsMatchFiniteDifferences) {
     Vec g(l.size(), 0.0);
     q.add_reparam_grad(l, eps, gt, g);
     expect_close(g, numeric_grad(phi, l), 1e-6);
+  }
+  {
+    // The same over 11 draws at once (more than one block of the draws' vector lanes): the sum
+    // of phi over the draws.
+    SCOPED_TRACE("reparameterisation, 11 draws");
+    const int s = 11;
+    const Vec e = normals(static_cast<std::size_t>(s * q.n_noise()), 9);
+    const Vec a = normals(kP, 10);
+    const auto phi = [&](const Vec& v) {
+      Vec t(static_cast<std::size_t>(s * kP));
+      q.draw(v, e, t);
+      double sum = 0;
+      for (std::size_t i = 0; i < t.size(); ++i) sum += a[i % kP] * t[i] + 0.5 * t[i] * t[i];
+      return sum;
+    };
+    Vec t(static_cast<std::size_t>(s * kP));
+    q.draw(l, e, t);
+    Vec gt(t.size());
+    for (std::size_t i = 0; i < t.size(); ++i) gt[i] = a[i % kP] + t[i];
+    Vec g(l.size(), 0.0);
+    q.add_reparam_grad(l, e, gt, g);
+    expect_close(g, numeric_grad(phi, l), 1e-5);
+  }
+}
+
+TEST_P(BbviFamily, ABatchOfDrawsIsEachDrawAlone) {
+  // Every rank draws a step's S draws together; predict draws them in other batches. A draw's
+  // bits must not depend on the batch it is in.
+  const Vec l = lambda();
+  const int s = 13;
+  const Vec e = normals(static_cast<std::size_t>(s * q.n_noise()), 11);
+  Vec all(static_cast<std::size_t>(s * kP));
+  q.draw(l, e, all);
+  for (int k = 0; k < s; ++k) {
+    Vec one(kP);
+    q.draw(l, {e.data() + std::size_t(k * q.n_noise()), std::size_t(q.n_noise())}, one);
+    for (int i = 0; i < kP; ++i) ASSERT_EQ(one[i], all[std::size_t(k * kP + i)]) << k << " " << i;
   }
 }
 

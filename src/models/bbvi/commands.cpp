@@ -314,9 +314,8 @@ RowMatrix predictive_draws(const Fitted& f, int samples, std::uint64_t seed) {
   const Family q(f.family, static_cast<int>(f.glm.n_params()), f.rank);
   const RowMatrix eps = draw_noise(seed, 0xFFFFFFFFu, samples, q.n_noise(), Stream::kBbviElbo);
   RowMatrix theta(samples, f.glm.n_params());
-  for (int k = 0; k < samples; ++k)
-    q.draw(f.lambda, {eps.row(k).data(), std::size_t(eps.cols())},
-           {theta.row(k).data(), std::size_t(theta.cols())});
+  q.draw(f.lambda, {eps.data(), std::size_t(eps.size())},
+         {theta.data(), std::size_t(theta.size())});
   return theta;
 }
 

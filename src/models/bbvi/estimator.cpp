@@ -33,12 +33,8 @@ RowMatrix draw_noise(std::uint64_t seed, std::uint64_t step, int samples, int n_
   RowMatrix eps(samples, n_noise);
   const std::uint64_t pairs = (static_cast<std::uint64_t>(n_noise) + 1) / 2;
   for (int s = 0; s < samples; ++s)
-    for (int j = 0; j < n_noise; j += 2) {
-      const auto z = rng.normal2(static_cast<std::uint64_t>(s) * pairs + std::uint64_t(j) / 2,
-                                 static_cast<std::uint32_t>(step));
-      eps(s, j) = z[0];
-      if (j + 1 < n_noise) eps(s, j + 1) = z[1];
-    }
+    rng.normals(static_cast<std::uint64_t>(s) * pairs, static_cast<std::uint32_t>(step),
+                {eps.row(s).data(), static_cast<std::size_t>(n_noise)});
   return eps;
 }
 
@@ -49,9 +45,8 @@ double elbo_gradient(Estimator e, const Family& q, std::span<const double> lambd
   std::fill(grad.begin(), grad.end(), 0.0);
   const double elbo = d.f.mean() + q.entropy(lambda);
   if (e == Estimator::kReparam) {
-    for (int s = 0; s < samples; ++s)
-      q.add_reparam_grad(lambda, {d.eps.row(s).data(), size_t(d.eps.cols())},
-                         {d.grad_theta.row(s).data(), size_t(d.grad_theta.cols())}, grad);
+    q.add_reparam_grad(lambda, {d.eps.data(), size_t(d.eps.size())},
+                       {d.grad_theta.data(), size_t(d.grad_theta.size())}, grad);
     for (auto& g : grad) g /= samples;
     q.add_entropy_grad(lambda, grad);
     return elbo;

@@ -40,7 +40,8 @@ class Family {
   // from (seed) that depend on nothing else.
   void init(std::span<double> lambda, double init_sd, std::uint64_t seed) const;
 
-  // theta = r(eps, lambda).
+  // theta = r(eps, lambda) for S draws at once: eps holds S rows of n_noise() values, theta S
+  // rows of dim(), row-major.
   void draw(std::span<const double> lambda, std::span<const double> eps,
             std::span<double> theta) const;
   double log_q(std::span<const double> lambda, std::span<const double> theta) const;
@@ -52,7 +53,8 @@ class Family {
                  std::span<double> grad) const;
   // grad += d entropy / d lambda.
   void add_entropy_grad(std::span<const double> lambda, std::span<double> grad) const;
-  // grad += (d r(eps, lambda) / d lambda)^T g_theta: the chain rule of the reparameterisation.
+  // grad += sum_s (d r(eps_s, lambda) / d lambda)^T g_s: the chain rule of the
+  // reparameterisation, summed over S draws (eps and g_theta: S rows each, as in draw).
   void add_reparam_grad(std::span<const double> lambda, std::span<const double> eps,
                         std::span<const double> g_theta, std::span<double> grad) const;
 

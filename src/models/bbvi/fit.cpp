@@ -49,9 +49,8 @@ void Posterior::set_draws(engine::DrawKind kind, std::int64_t t) {
                     q_.n_noise(), stream);
   theta_.resize(s, p_);
   const std::span<const double> lambda{lambda_.data(), lambda_.size()};
-  for (int k = 0; k < s; ++k)
-    q_.draw(lambda, {eps_.row(k).data(), std::size_t(eps_.cols())},
-            {theta_.row(k).data(), std::size_t(p_)});
+  q_.draw(lambda, {eps_.data(), std::size_t(eps_.size())},
+          {theta_.data(), std::size_t(theta_.size())});
   with_grad_ = kind == DrawKind::kGradient && cfg_.estimator == Estimator::kReparam;
   width_ = with_grad_ ? 1 + p_ : 1;
   pass_ = ++passes;  // what a thread prepared before is stale
