@@ -18,8 +18,9 @@ enum class DrawKind { kGradient, kElbo, kDiagnostic };
 // that thread's block() of each of them, so that a model can compute per-row terms for many rows
 // at once (groups_pass in engine/draws.hpp uses it if present). A block must not depend on how
 // the groups were run together, which depends on the thread count. Optional too:
-// block_pair(a, b, out), the values of blocks a and b added element by element (the sum tree's
-// parent of two sibling groups), bitwise as block() twice and an addition would give them.
+// block_node(rows, bounds, out), the sum tree's node over 2^l consecutive groups (their values
+// added pairwise, as engine/draws.hpp's reduce_draws says), bitwise as block() of each group and
+// the tree's additions would give it.
 template <class M>
 concept DrawModel = requires(M& m, const M& cm, DrawKind k, std::int64_t t,
                              std::span<const std::int64_t> rows, std::span<double> out,

@@ -121,7 +121,7 @@ DrawSums reduce_draws(
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
     const std::function<void(std::span<const std::int64_t>)>& prepare,
     const std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
-                             std::span<double>)>& pair) {
+                             std::span<double>)>& node) {
   const std::int64_t r = samples * width, n_local = groups.size();
   // Contiguous ranges of groups per thread, each summing its groups' subtrees as they come; then
   // the threads' nodes in order, on this thread. A thread's groups go to prepare() in runs of
@@ -147,19 +147,24 @@ DrawSums reduce_draws(
             groups.rows.data() + groups.offsets[static_cast<std::size_t>(k)],
             static_cast<std::size_t>(rows(end))));
       }
-      for (; k < end; ++k) {
+      while (k < end) {
+        // The largest whole subtree of the sum tree that starts at this group and ends inside
+        // the run, node (l, g / 2^l), from the model at once (a leaf: one block).
         const std::int64_t g = groups.first + k;
+        int l = 0;
+        if (node)
+          while ((g & ((std::int64_t{2} << l) - 1)) == 0 && k + (std::int64_t{2} << l) <= end) ++l;
         const std::span<double> out(tree.next(), static_cast<std::size_t>(r));
-        // A left leaf whose right sibling is in the same run: their parent, node (1, g / 2), at
-        // once (the model adds the two groups' values as push would).
-        if (pair && g % 2 == 0 && k + 1 < end) {
-          pair(groups.group(k), groups.group(k + 1), out);
-          tree.push(1, g / 2);
-          ++k;
-          continue;
+        if (l == 0) {
+          block(groups.group(k), out);
+        } else {
+          const auto at = groups.offsets.begin() + k;
+          node(std::span<const std::int64_t>(groups.rows.data() + at[0],
+                                             static_cast<std::size_t>(at[1 << l] - at[0])),
+               std::span<const std::int64_t>(&at[0], (std::size_t{1} << l) + 1), out);
         }
-        block(groups.group(k), out);
-        tree.push(0, g);
+        tree.push(l, g >> l);
+        k += std::int64_t{1} << l;
       }
     }
   });

@@ -14,8 +14,9 @@
 //                    consecutive groups, before their blocks (per-row work done in large kernels)
 //     block          model.block(rows, out): per draw, W values summed over the group's rows
 //                    (the log-likelihood, and for reparameterisation its gradient in theta);
-//                    model.block_pair(a, b, out), if the model has it, for two sibling groups
-//                    of one run: the two blocks' values added, without writing them
+//                    model.block_node(rows, bounds, out), if the model has it, for a whole
+//                    subtree of 2^l > 1 groups inside one run: the subtree's root, the groups'
+//                    values added as the sum tree adds them, without writing them
 //     sum            the groups' values summed pairwise over a fixed tree of the pass's groups
 //                    in their global order (detail::tree_nodes): each rank sums the largest
 //                    subtrees among its own groups, one allgather sends those O(log G) nodes,
@@ -107,15 +108,18 @@ struct DrawSums {
   double reduce_seconds = 0;  // in the allgather, waiting for other ranks included
 };
 // `prepare` (optional) is called, on the thread that computes them, with the rows of a run of
-// consecutive groups before their blocks. `pair` (optional) writes the sum of two sibling groups'
-// values, element by element, in place of their two blocks; it must give the bits of the two
-// blocks added.
+// consecutive groups before their blocks. `node` (optional) writes the node of the sum tree
+// (below) over 2^l consecutive groups of one run, 0 < l, in place of their blocks: node(rows,
+// bounds, out), the groups' rows one group after another, and their 2^l + 1 bounds (offsets
+// into Groups::rows; group t is rows[bounds[t] - bounds[0], bounds[t + 1] - bounds[0])). It must
+// give the bits of the blocks added pairwise as the tree adds them: node (1, i) = group 2i +
+// group 2i + 1, node (2, i) = node (1, 2i) + node (1, 2i + 1), and so on.
 DrawSums reduce_draws(
     const Comm& comm, int samples, std::int64_t width, const Groups& groups,
     const std::function<void(std::span<const std::int64_t>, std::span<double>)>& block,
     const std::function<void(std::span<const std::int64_t>)>& prepare = {},
     const std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
-                             std::span<double>)>& pair = {});
+                             std::span<double>)>& node = {});
 
 // The sum tree over a pass's groups (Groups::total of them, G): node (l, i) holds the sum of
 // groups [i 2^l, min((i + 1) 2^l, G)), which is node (l - 1, 2i) + node (l - 1, 2i + 1), or node
@@ -186,16 +190,16 @@ detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int
     prepare = [&](std::span<const std::int64_t> rows) { model.prepare(rows); };
   std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
                      std::span<double>)>
-      pair;
+      node;
   if constexpr (requires(std::span<const std::int64_t> rows, std::span<double> out) {
-                  model.block_pair(rows, rows, out);
+                  model.block_node(rows, rows, out);
                 })
-    pair = [&](std::span<const std::int64_t> a, std::span<const std::int64_t> b,
-               std::span<double> out) { model.block_pair(a, b, out); };
+    node = [&](std::span<const std::int64_t> rows, std::span<const std::int64_t> bounds,
+               std::span<double> out) { model.block_node(rows, bounds, out); };
   return detail::reduce_draws(
       comm, model.n_draws(), model.width(), groups,
       [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); },
-      prepare, pair);
+      prepare, node);
 }
 
 // Collective: a full pass over every rank's rows with the model's draws (kind, t).

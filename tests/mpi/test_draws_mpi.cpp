@@ -80,18 +80,21 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
     std::vector<std::span<const std::int64_t>> last(static_cast<std::size_t>(t));
     std::vector<std::int64_t> outside(static_cast<std::size_t>(t), 0);
     std::vector<std::int64_t> prepared(static_cast<std::size_t>(t), 0);
-    std::atomic<std::int64_t> pairs{0};
-    // mode 0: blocks alone; 1: with prepare; 2: with prepare and sibling pairs at once.
+    std::atomic<std::int64_t> nodes{0}, deep{0};
+    // mode 0: blocks alone; 1: with prepare; 2: with prepare and whole subtrees at once.
     for (const int mode : {0, 1, 2}) {
       const bool with_prepare = mode > 0;
+      const auto check_inside = [&](std::span<const std::int64_t> rows) {
+        const auto th = static_cast<std::size_t>(omp_get_thread_num());
+        const auto& run = last[th];
+        if (with_prepare &&
+            (rows.data() < run.data() || rows.data() + rows.size() > run.data() + run.size()))
+          ++outside[th];
+      };
       d = detail::reduce_draws(
           world, kSamples, kWidth, g,
           [&](std::span<const std::int64_t> rows, std::span<double> out) {
-            const auto th = static_cast<std::size_t>(omp_get_thread_num());
-            const auto& run = last[th];
-            if (with_prepare &&
-                (rows.data() < run.data() || rows.data() + rows.size() > run.data() + run.size()))
-              ++outside[th];
+            check_inside(rows);
             block(mine.begin, rows, out);
           },
           with_prepare ? std::function<void(std::span<const std::int64_t>)>(
@@ -101,18 +104,31 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
                                prepared[th] += static_cast<std::int64_t>(rows.size());
                              })
                        : std::function<void(std::span<const std::int64_t>)>{},
-          mode == 2 ? std::function<void(std::span<const std::int64_t>,
-                                         std::span<const std::int64_t>, std::span<double>)>(
-                          [&](std::span<const std::int64_t> a, std::span<const std::int64_t> b,
-                              std::span<double> out) {
-                            ++pairs;
-                            std::vector<double> right(out.size());
-                            block(mine.begin, a, out);
-                            block(mine.begin, b, right);
-                            for (std::size_t c = 0; c < out.size(); ++c) out[c] += right[c];
-                          })
-                    : std::function<void(std::span<const std::int64_t>,
-                                         std::span<const std::int64_t>, std::span<double>)>{});
+          mode == 2
+              ? std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                   std::span<double>)>([&](std::span<const std::int64_t> rows,
+                                                           std::span<const std::int64_t> bounds,
+                                                           std::span<double> out) {
+                  // 2^l groups: each one's block, then the tree by recursion.
+                  check_inside(rows);
+                  const auto count = static_cast<std::int64_t>(bounds.size()) - 1;
+                  int l = 0;
+                  while ((std::int64_t{1} << l) < count) ++l;
+                  EXPECT_EQ(std::int64_t{1} << l, count);
+                  ++nodes;
+                  if (l >= 2) ++deep;
+                  std::vector<double> vals(std::size_t(count) * out.size());
+                  for (std::int64_t k = 0; k < count; ++k)
+                    block(mine.begin,
+                          rows.subspan(
+                              std::size_t(bounds[std::size_t(k)] - bounds[0]),
+                              std::size_t(bounds[std::size_t(k) + 1] - bounds[std::size_t(k)])),
+                          {vals.data() + k * std::int64_t(out.size()), out.size()});
+                  const std::vector<double> v = tree_node(vals, count, l, 0);
+                  std::copy(v.begin(), v.end(), out.begin());
+                })
+              : std::function<void(std::span<const std::int64_t>, std::span<const std::int64_t>,
+                                   std::span<double>)>{});
       ASSERT_EQ(d.sums.size(), ref.size());
       EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
           << what << " at " << world.size() << " ranks x " << t << " threads, mode " << mode;
@@ -121,8 +137,14 @@ void expect_invariant(std::int64_t n, const std::function<Groups(RowRange)>& gro
     EXPECT_EQ(std::accumulate(prepared.begin(), prepared.end(), std::int64_t{0}),
               2 * static_cast<std::int64_t>(g.rows.size()))
         << what;
-    // Sibling groups of one run went as pairs (runs hold several groups here).
-    if (g.size() >= 4 && t == 1) EXPECT_GT(pairs.load(), 0) << what;
+    // Groups of one run went as subtrees, some of four groups or more where a thread's groups
+    // fit in one run (under reduce_draws' 2,048 rows x draws) and are many.
+    if (t == 1 && g.size() >= 16 && static_cast<std::int64_t>(g.rows.size()) * kSamples < 2048) {
+      EXPECT_GT(deep.load(), 0) << what;
+    }
+    if (g.size() >= 4 && t == 1) {
+      EXPECT_GT(nodes.load(), 0) << what;
+    }
     ASSERT_EQ(d.sums.size(), ref.size());
     EXPECT_EQ(std::memcmp(d.sums.data(), ref.data(), sizeof(double) * ref.size()), 0)
         << what << " at " << world.size() << " ranks x " << t << " threads";

@@ -175,22 +175,62 @@ TEST(BbviGlm, RowTermsDependOnTheRowAlone) {
           Vec f(samples), g(samples * p), g2(samples * p);
           m.loglik_draws(theta, samples, {x.data() + first * d, std::size_t(len * d)},
                          {y.data() + first, std::size_t(len)}, f, g);
+          const std::int64_t one[2] = {first, first + len};
           m.rows_gradient(samples, {x.data() + first * d, std::size_t(len * d)},
-                          r_all.data() + first * cols, cols, g2);
+                          r_all.data() + first * cols, cols, one, g2);
           ASSERT_EQ(g, g2) << "rows " << first << "+" << len;
           // With the next rows as a second group: the two gradients added, bit for bit.
           if (first + len + 2 > n) continue;
           Vec g3(samples * p), both(samples * p);
+          const std::int64_t next[2] = {0, 2}, two[3] = {first, first + len, first + len + 2};
           m.rows_gradient(samples, {x.data() + (first + len) * d, std::size_t(2 * d)},
-                          r_all.data() + (first + len) * cols, cols, g3);
-          m.rows_gradient(samples, {x.data() + first * d, std::size_t(len * d)},
-                          r_all.data() + first * cols, cols, both, 0,
-                          {x.data() + (first + len) * d, std::size_t(2 * d)},
-                          r_all.data() + (first + len) * cols);
+                          r_all.data() + (first + len) * cols, cols, next, g3);
+          m.rows_gradient(samples, {x.data() + first * d, std::size_t((len + 2) * d)},
+                          r_all.data() + first * cols, cols, two, both);
           for (std::size_t j = 0; j < both.size(); ++j)
             ASSERT_EQ(both[j], g[j] + g3[j]) << "rows " << first << "+" << len << " and 2, " << j;
         }
     }
+}
+
+TEST(BbviGlm, GroupsAddAsTheSumTree) {
+  // rows_gradient over 2^l groups (the draws driver's node of a subtree) equals each group's
+  // gradient alone added pairwise: node (1, i) = group 2i + group 2i + 1, and so on up. Eight
+  // groups of 1-3 rows; S = 3 with softmax's 4 classes leaves 12 output rows (a block of eight
+  // and one of four), D = 6 a block of four columns and one with the intercept.
+  for (Likelihood lik : {Likelihood::kLogistic, Likelihood::kSoftmax}) {
+    SCOPED_TRACE(to_string(lik));
+    const int d = 6, samples = 3;
+    const Glm m = test_glm(lik, d);
+    const std::vector<std::int64_t> bounds{5, 6, 8, 11, 12, 13, 15, 16, 19};
+    const int n = 19;
+    const auto p = static_cast<std::size_t>(m.n_params());
+    const auto cols = static_cast<std::size_t>(samples * m.outputs());
+    const Vec x = normals(n * d, 31), y = test_responses(lik, n), theta = normals(samples * p, 32);
+    Vec lik_all(n * samples), r(n * cols);
+    m.row_terms(theta, samples, x, y, lik_all.data(), r.data());
+    std::vector<Vec> level;
+    for (std::size_t t = 0; t + 1 < bounds.size(); ++t) {
+      Vec g(samples * p);
+      const std::int64_t b[2] = {bounds[t], bounds[t + 1]};
+      m.rows_gradient(samples, {x.data() + bounds[t] * d, std::size_t((b[1] - b[0]) * d)},
+                      r.data() + bounds[t] * cols, cols, b, g);
+      level.push_back(g);
+    }
+    while (level.size() > 1) {
+      std::vector<Vec> up;
+      for (std::size_t i = 0; i < level.size(); i += 2) {
+        Vec v(level[i].size());
+        for (std::size_t j = 0; j < v.size(); ++j) v[j] = level[i][j] + level[i + 1][j];
+        up.push_back(v);
+      }
+      level = up;
+    }
+    Vec node(samples * p);
+    m.rows_gradient(samples, {x.data() + 5 * d, std::size_t((n - 5) * d)}, r.data() + 5 * cols,
+                    cols, bounds, node);
+    for (std::size_t j = 0; j < node.size(); ++j) ASSERT_EQ(node[j], level[0][j]) << j;
+  }
 }
 
 TEST(BbviGlm, HandValues) {

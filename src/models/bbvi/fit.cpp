@@ -8,6 +8,8 @@
 
 #include "core/error.hpp"
 #include "core/rng.hpp"
+#include "core/tree_sum.hpp"
+#include "core/vec4.hpp"
 
 namespace caviar::bbvi {
 
@@ -89,53 +91,48 @@ void Posterior::prepare(std::span<const std::int64_t> rows) const {
 }
 
 void Posterior::block(std::span<const std::int64_t> rows, std::span<double> out) const {
-  block_pair(rows, {}, out);
+  const std::int64_t bounds[2] = {0, static_cast<std::int64_t>(rows.size())};
+  block_node(rows, bounds, out);
 }
 
-void Posterior::block_pair(std::span<const std::int64_t> a, std::span<const std::int64_t> b,
+void Posterior::block_node(std::span<const std::int64_t> rows, std::span<const std::int64_t> bounds,
                            std::span<double> out) const {
   Prepared& p = prepared();
   const std::less<const std::int64_t*> before;  // a total order, for pointers into any arrays
-  const auto inside = [&](std::span<const std::int64_t> rows) {
-    return p.pass == pass_ && !before(rows.data(), p.begin) &&
-           !before(p.begin + p.n, rows.data() + rows.size());
-  };
-  // Another thread's run, or none (a direct call): prepare the groups' rows here.
-  if (!inside(a) || (!b.empty() && !inside(b))) {
-    if (!b.empty()) {
-      block(a, out);
-      std::vector<double> second(out.size());
-      block(b, second);
-      for (std::size_t c = 0; c < out.size(); ++c) out[c] += second[c];
-      return;
-    }
-    prepare(a);
-  }
+  // Another thread's run, or none (a direct call): prepare the rows here.
+  if (p.pass != pass_ || before(rows.data(), p.begin) ||
+      before(p.begin + p.n, rows.data() + rows.size()))
+    prepare(rows);
   const int s = n_draws();
-  const auto at = [&](std::span<const std::int64_t> rows) {
-    return static_cast<std::size_t>(rows.data() - p.begin);
+  const auto at = static_cast<std::size_t>(rows.data() - p.begin);
+  const auto groups = static_cast<std::int64_t>(bounds.size()) - 1;
+  // Per draw, each group's log-likelihoods summed in row order, then the groups pairwise: four
+  // draws at a time in vector lanes (a row's draws are adjacent), the rest one by one.
+  const auto lik_tree = [&]<class V>(int k) {
+    return tree_sum<V>(
+        groups,
+        [&](std::int64_t t) {
+          V sum{};
+          for (auto i = static_cast<std::size_t>(bounds[std::size_t(t)] - bounds[0]);
+               i < static_cast<std::size_t>(bounds[std::size_t(t) + 1] - bounds[0]); ++i)
+            sum += vload<V>(&p.lik[(at + i) * std::size_t(s) + std::size_t(k)]);
+          return sum;
+        },
+        [](V a, V b) { return a + b; });
   };
-  // Per draw, each group's log-likelihoods summed in row order (then the two groups' added).
-  const auto f = [&](std::span<const std::int64_t> rows, int k) {
-    double sum = 0;
-    for (std::size_t i = at(rows); i < at(rows) + rows.size(); ++i)
-      sum += p.lik[i * std::size_t(s) + std::size_t(k)];
-    return sum;
-  };
-  for (int k = 0; k < s; ++k)
-    out[std::size_t(k * width_)] = b.empty() ? f(a, k) : f(a, k) + f(b, k);
+  int k = 0;
+  for (; k + 4 <= s; k += 4) {
+    const Vec4 v = lik_tree.template operator()<Vec4>(k);
+    for (int c = 0; c < 4; ++c) out[std::size_t((k + c) * width_)] = v[c];
+  }
+  for (; k < s; ++k) out[std::size_t(k * width_)] = lik_tree.template operator()<double>(k);
   // The gradient in theta only where the estimator uses it (reparameterisation steps), written
   // in place: draw k's is out[k * width + 1, (k + 1) * width).
   if (!with_grad_) return;
   const auto cols = static_cast<std::size_t>(s * cfg_.glm.outputs());
   const auto d = static_cast<std::size_t>(cfg_.glm.features);
-  const auto x_of = [&](std::span<const std::int64_t> rows) {
-    return std::span<const double>(p.x.data() + at(rows) * d, rows.size() * d);
-  };
-  cfg_.glm.rows_gradient(s, x_of(a), p.r.data() + at(a) * cols, cols, out.subspan(1),
-                         static_cast<std::size_t>(width_),
-                         b.empty() ? std::span<const double>{} : x_of(b),
-                         b.empty() ? nullptr : p.r.data() + at(b) * cols);
+  cfg_.glm.rows_gradient(s, {p.x.data() + at * d, rows.size() * d}, p.r.data() + at * cols, cols,
+                         bounds, out.subspan(1), static_cast<std::size_t>(width_));
 }
 
 double Posterior::gradient(std::span<const double> sums, std::span<const std::uint8_t> kept,

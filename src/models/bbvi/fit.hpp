@@ -52,8 +52,9 @@ class Posterior {
   // A group's sums: prepare()'s terms when its rows lie in the last run prepared on this thread
   // for these draws, else prepared here.
   void block(std::span<const std::int64_t> rows, std::span<double> out) const;
-  // Two consecutive groups' sums added, as the draws' sum tree adds them, without writing either.
-  void block_pair(std::span<const std::int64_t> a, std::span<const std::int64_t> b,
+  // The sum tree's node over consecutive groups (bounds: engine/draw_model.hpp's block_node),
+  // without writing any group's sums.
+  void block_node(std::span<const std::int64_t> rows, std::span<const std::int64_t> bounds,
                   std::span<double> out) const;
   double gradient(std::span<const double> sums, std::span<const std::uint8_t> kept, double scale,
                   std::span<double> grad) const;

@@ -2,12 +2,14 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numbers>
 #include <vector>
 
 #include "core/error.hpp"
 #include "core/scratch.hpp"
+#include "core/tree_sum.hpp"
 #include "core/vec4.hpp"
 
 namespace caviar::bbvi {
@@ -113,53 +115,66 @@ inline void eta_rows(const double* wt, std::size_t ldw, int d, int cols, const d
     eta_block<R, 1>(wt, ldw, d, x, c0, std::min(4, cols - c0), eta, std::size_t(cols));
 }
 
-// One group's rows for rows_gradient: x (n x D), their residuals r (row i at r + i * ldr).
-struct GroupRows {
-  const double* x;
-  std::int64_t n;
-  const double* r;
-};
-
-// acc[v] = sum_i r_i x_i[j0 + 4 v + lane] over g's rows in order: the first product rounded, then
-// one fused multiply-add per row (as the scalar remainder below).
-template <int NV>
-inline void chain(const GroupRows& g, int d, std::size_t ldr, int j0, Vec4* acc) {
-  const Vec4 r0 = splat<Vec4>(g.r[0]);
-  for (int v = 0; v < NV; ++v) acc[v] = r0 * vload<Vec4>(g.x + j0 + 4 * v);
-  for (std::int64_t i = 1; i < g.n; ++i) {
-    const Vec4 ri = splat<Vec4>(g.r[static_cast<std::size_t>(i) * ldr]);
-    const double* xi = g.x + static_cast<std::size_t>(i) * std::size_t(d) + j0;
-    for (int v = 0; v < NV; ++v) acc[v] = vfma(ri, vload<Vec4>(xi + 4 * v), acc[v]);
-  }
+// Columns [j0, j0 + 4) of row i of [x, 1] (n x (D + 1)): x's row with a column of ones, the
+// intercept's, padded with zeros.
+inline Vec4 x_columns(const double* x, int d, std::int64_t i, int j0) {
+  const double* xi = x + static_cast<std::size_t>(i) * std::size_t(d);
+  if (j0 + 4 <= d) return vload<Vec4>(xi + j0);
+  Vec4 v{};
+  for (int c = 0; c < 4; ++c) v[c] = j0 + c < d ? xi[j0 + c] : j0 + c == d ? 1.0 : 0.0;
+  return v;
 }
 
-// out[j0, j0 + 4 NV) = a's sums, or a's plus b's (each summed alone, then added) when b has rows:
-// in registers, so a pair of groups' parent node is written without writing the two groups.
-template <int NV>
-inline void gradient_columns(const GroupRows& a, const GroupRows& b, int d, std::size_t ldr, int j0,
-                             double* out) {
-  Vec4 acc[NV];
-  chain<NV>(a, d, ldr, j0, acc);
-  if (b.n > 0) {
-    Vec4 acc2[NV];
-    chain<NV>(b, d, ldr, j0, acc2);
-    for (int v = 0; v < NV; ++v) acc[v] += acc2[v];
-  }
-  for (int v = 0; v < NV; ++v) vstore(out + j0 + 4 * v, acc[v]);
+// rows_gradient for NQ of the S C output rows (q0, ...) and 4 columns (j0, ...): for each group,
+// sum_i r_{i,q} [x_i, 1]_j over its rows in order (the first product rounded, then one fused
+// multiply-add per row: with x = 1 that is the residuals' sum), then the groups pairwise
+// (tree_sum), in registers and a small stack, so that no group's values go to memory. Each
+// column's value is the same whichever block of four it is computed in.
+template <int NQ>
+inline void gradient_tree(const double* x, int d, const double* r, std::size_t ldr,
+                          std::span<const std::int64_t> bounds, int q0, int j0,
+                          std::array<Vec4, NQ>& out) {
+  const std::int64_t base = bounds[0];
+  out = tree_sum<std::array<Vec4, NQ>>(
+      static_cast<std::int64_t>(bounds.size()) - 1,
+      [&](std::int64_t t) {
+        std::array<Vec4, NQ> acc;
+        std::int64_t i = bounds[static_cast<std::size_t>(t)] - base;
+        const std::int64_t end = bounds[static_cast<std::size_t>(t) + 1] - base;
+        Vec4 xv = x_columns(x, d, i, j0);
+        const double* ri = r + static_cast<std::size_t>(i) * ldr + q0;
+        for (int q = 0; q < NQ; ++q) acc[q] = splat<Vec4>(ri[q]) * xv;
+        for (++i; i < end; ++i) {
+          xv = x_columns(x, d, i, j0);
+          ri = r + static_cast<std::size_t>(i) * ldr + q0;
+          for (int q = 0; q < NQ; ++q) acc[q] = vfma(splat<Vec4>(ri[q]), xv, acc[q]);
+        }
+        return acc;
+      },
+      [](const std::array<Vec4, NQ>& a, const std::array<Vec4, NQ>& b) {
+        std::array<Vec4, NQ> c;
+        for (int q = 0; q < NQ; ++q) c[q] = a[q] + b[q];
+        return c;
+      });
 }
 
-// The same for one column j, and for the intercept (x = 1: the residuals' sum in row order).
-inline double chain_scalar(const GroupRows& g, int d, std::size_t ldr, int j) {
-  if (j == d) {
-    double s = g.r[0];
-    for (std::int64_t i = 1; i < g.n; ++i) s += g.r[static_cast<std::size_t>(i) * ldr];
-    return s;
+template <int NQ>
+inline void gradient_rows(const double* x, int d, int c, const double* r, std::size_t ldr,
+                          std::span<const std::int64_t> bounds, int q0, double* grad,
+                          std::size_t ld) {
+  for (int j0 = 0; j0 <= d; j0 += 4) {
+    std::array<Vec4, NQ> v;
+    gradient_tree<NQ>(x, d, r, ldr, bounds, q0, j0, v);
+    for (int q = 0; q < NQ; ++q) {
+      // Output row q0 + q = s C + k: [w_{s,k}, b_{s,k}] at grad[s ld + k (D + 1)].
+      double* o = grad + static_cast<std::size_t>((q0 + q) / c) * ld +
+                  static_cast<std::size_t>((q0 + q) % c) * std::size_t(d + 1);
+      if (j0 + 4 <= d + 1)
+        vstore(o + j0, v[q]);
+      else
+        for (int k = 0; j0 + k <= d; ++k) o[j0 + k] = v[q][k];
+    }
   }
-  double s = g.r[0] * g.x[j];
-  for (std::int64_t i = 1; i < g.n; ++i)
-    s = std::fma(g.r[static_cast<std::size_t>(i) * ldr],
-                 g.x[static_cast<std::size_t>(i) * std::size_t(d) + std::size_t(j)], s);
-  return s;
 }
 
 }  // namespace
@@ -222,7 +237,7 @@ void Glm::row_terms(std::span<const double> theta, int samples, std::span<const 
   }
   const double inv_var = 1.0 / (noise_sd * noise_sd);
   const double lin_const = -0.5 * std::log(2 * std::numbers::pi * noise_sd * noise_sd);
-  for (std::int64_t i = 0; i < n; ++i) {
+  for (i = 0; i < n; ++i) {
     const double yi = y[static_cast<std::size_t>(i)];
     for (int s = 0; s < samples; ++s) {
       const std::size_t at = static_cast<std::size_t>(i) * ld + static_cast<std::size_t>(s * c);
@@ -258,34 +273,23 @@ void Glm::row_terms(std::span<const double> theta, int samples, std::span<const 
 }
 
 void Glm::rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
-                        std::span<double> grad, std::size_t grad_stride, std::span<const double> x2,
-                        const double* r2) const {
-  const int d = features, c = outputs();
-  const auto per = static_cast<std::size_t>(d);
+                        std::span<const std::int64_t> bounds, std::span<double> grad,
+                        std::size_t grad_stride) const {
+  const int d = features, c = outputs(), cols = samples * c;
   const std::size_t ld = grad_stride != 0 ? grad_stride : static_cast<std::size_t>(n_params());
-  for (int s = 0; s < samples; ++s)
-    for (int k = 0; k < c; ++k) {
-      // Row s C + k: [w_{s,k}, b_{s,k}] at grad[s ld + k (D + 1)].
-      const GroupRows a{x.data(), static_cast<std::int64_t>(x.size() / per), r + s * c + k};
-      const GroupRows b{x2.data(), static_cast<std::int64_t>(x2.size() / per),
-                        r2 ? r2 + s * c + k : nullptr};
-      double* out = grad.data() + static_cast<std::size_t>(s) * ld + std::size_t(k) * (d + 1);
-      int j = 0;
-      for (; j + 16 <= d; j += 16) gradient_columns<4>(a, b, d, ldr, j, out);
-      if (j + 8 <= d) {
-        gradient_columns<2>(a, b, d, ldr, j, out);
-        j += 8;
-      }
-      if (j + 4 <= d) {
-        gradient_columns<1>(a, b, d, ldr, j, out);
-        j += 4;
-      }
-      for (; j <= d; ++j) {
-        double v = chain_scalar(a, d, ldr, j);
-        if (b.n > 0) v += chain_scalar(b, d, ldr, j);
-        out[j] = v;
-      }
-    }
+  // Output rows eight at a time (one row of residuals per block), then four, two, one.
+  int q = 0;
+  for (; q + 8 <= cols; q += 8)
+    gradient_rows<8>(x.data(), d, c, r, ldr, bounds, q, grad.data(), ld);
+  if (q + 4 <= cols) {
+    gradient_rows<4>(x.data(), d, c, r, ldr, bounds, q, grad.data(), ld);
+    q += 4;
+  }
+  if (q + 2 <= cols) {
+    gradient_rows<2>(x.data(), d, c, r, ldr, bounds, q, grad.data(), ld);
+    q += 2;
+  }
+  if (q < cols) gradient_rows<1>(x.data(), d, c, r, ldr, bounds, q, grad.data(), ld);
 }
 
 void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<const double> x,
@@ -300,7 +304,8 @@ void Glm::loglik_draws(std::span<const double> theta, int samples, std::span<con
     for (std::int64_t i = 0; i < n; ++i) sum += lik[static_cast<std::size_t>(i * samples + s)];
     f[static_cast<std::size_t>(s)] = sum;
   }
-  if (!grad.empty() && n > 0) rows_gradient(samples, x, r.data(), cols, grad, grad_stride);
+  const std::int64_t bounds[2] = {0, n};
+  if (!grad.empty() && n > 0) rows_gradient(samples, x, r.data(), cols, bounds, grad, grad_stride);
 }
 
 double Glm::log_prior(std::span<const double> theta, std::span<double> grad) const {

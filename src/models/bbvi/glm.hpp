@@ -58,14 +58,16 @@ struct Glm {
   // may compute them for any run of rows (a thread's share of a pass) and sum them by groups.
   void row_terms(std::span<const double> theta, int samples, std::span<const double> x,
                  std::span<const double> y, double* lik, double* r) const;
-  // The gradient in theta of the log-likelihood of the rows of x (n x D) from their r
-  // (row_terms'; row i at r + i * ldr): grad's row s, at grad[s * grad_stride] (0: P), overwritten
-  // with sum_i over the rows in order of r_{i,s,k} [x_i, 1] in output k's place. Needs at least
-  // one row. With a second group (x2 and r2, the same ldr): the two groups' gradients, each
-  // summed so, then added: the bits of adding the two written separately, without writing them.
+  // The gradient in theta of the log-likelihood of groups of consecutive rows of x (n x D), from
+  // their r (row_terms'; row i at r + i * ldr): grad's row s, at grad[s * grad_stride] (0: P),
+  // overwritten with the sums of r_{i,s,k} [x_i, 1] in output k's place, each over a group's
+  // rows in order, then over the groups pairwise as core/tree_sum.hpp adds them. bounds: the
+  // G + 1 >= 2 group bounds, group t being rows [bounds[t] - bounds[0], bounds[t + 1] -
+  // bounds[0]) of x, each with at least one row. The result depends on the groups' rows and
+  // terms alone, not on where they sit in memory.
   void rows_gradient(int samples, std::span<const double> x, const double* r, std::size_t ldr,
-                     std::span<double> grad, std::size_t grad_stride = 0,
-                     std::span<const double> x2 = {}, const double* r2 = nullptr) const;
+                     std::span<const std::int64_t> bounds, std::span<double> grad,
+                     std::size_t grad_stride = 0) const;
 
   // log N(theta | 0, s0^2 I); adds its gradient to `grad`.
   double log_prior(std::span<const double> theta, std::span<double> grad) const;
