@@ -53,6 +53,7 @@
 
 #include "comm/comm.hpp"
 #include "core/error.hpp"
+#include "core/parallel.hpp"
 #include "core/partition.hpp"
 #include "core/rng.hpp"
 #include "engine/batch.hpp"
@@ -180,11 +181,9 @@ bool elbo_diverging(const std::vector<double>& elbo, std::int64_t window);
 
 }  // namespace detail
 
-// Collective: a pass over the rows of `groups` with the model's draws (kind, t).
+// Collective: a pass over the rows of `groups` with the model's current draws.
 template <DrawModel M>
-detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
-                             const Groups& groups) {
-  model.set_draws(kind, t);
+detail::DrawSums drawn_pass(const Comm& comm, const M& model, const Groups& groups) {
   std::function<void(std::span<const std::int64_t>)> prepare;
   if constexpr (requires(std::span<const std::int64_t> rows) { model.prepare(rows); })
     prepare = [&](std::span<const std::int64_t> rows) { model.prepare(rows); };
@@ -200,6 +199,14 @@ detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int
       comm, model.n_draws(), model.width(), groups,
       [&](std::span<const std::int64_t> rows, std::span<double> out) { model.block(rows, out); },
       prepare, node);
+}
+
+// Collective: a pass over the rows of `groups` with the model's draws (kind, t).
+template <DrawModel M>
+detail::DrawSums groups_pass(const Comm& comm, M& model, DrawKind kind, std::int64_t t,
+                             const Groups& groups) {
+  model.set_draws(kind, t);
+  return drawn_pass(comm, model, groups);
 }
 
 // Collective: a full pass over every rank's rows with the model's draws (kind, t).
@@ -257,10 +264,16 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   bool warned = false;
   for (std::int64_t t = t0; t < run.stop.max_iter; ++t) {
     boundary(t);
-    const auto groups =
-        detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
     const detail::Stopwatch local;
-    const detail::DrawSums d = groups_pass(comm, model, DrawKind::kGradient, t, groups);
+    // The step's minibatch and draws depend on neither each other nor the data: with two
+    // threads, at once (every rank repeats them, and the other thread would only wait).
+    Groups groups;
+    parallel_invoke(
+        [&] {
+          groups = detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
+        },
+        [&] { model.set_draws(DrawKind::kGradient, t); });
+    const detail::DrawSums d = drawn_pass(comm, model, groups);
     local_seconds += local.seconds() - d.reduce_seconds;
     reduce_seconds += d.reduce_seconds;
     res.dropped += d.dropped;
