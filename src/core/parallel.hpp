@@ -74,10 +74,16 @@ void parallel_invoke(A&& a, B&& b) {
   detail::FirstError error;
 #pragma omp parallel num_threads(2)
   {
-    if (omp_get_thread_num() == 0)
+    // The runtime may give the region fewer threads than asked (OMP_THREAD_LIMIT, dynamic
+    // adjustment): then its one thread runs both.
+    if (omp_get_num_threads() < 2) {
       error.run(a);
-    else
       error.run(b);
+    } else if (omp_get_thread_num() == 0) {
+      error.run(a);
+    } else {
+      error.run(b);
+    }
   }
   error.rethrow();
 }

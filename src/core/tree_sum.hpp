@@ -9,10 +9,11 @@
 
 namespace caviar {
 
-// The root over leaf(0), ..., leaf(count - 1), count >= 1, computed as they come with a stack of
-// one waiting node per level (a binary counter); add(left, right) returns left + right.
+// The root over leaf(0), ..., leaf(count - 1), computed as they come with a stack of one waiting
+// node per level (a binary counter); add(left, right) returns left + right. T{} when count < 1.
 template <class T, class Leaf, class Add>
 T tree_sum(std::int64_t count, Leaf&& leaf, Add&& add) {
+  if (count < 1) return T{};
   T stack[64];
   for (std::int64_t t = 0; t < count; ++t) {
     T v = leaf(t);

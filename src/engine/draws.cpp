@@ -23,8 +23,13 @@ int tree_top(std::int64_t total) {
 // positions: half a value per bucket on average). Every rank sorts a step's B positions, so this
 // is work that more ranks do not share: std::sort took about 40 us for B = 1024 (branch
 // mispredictions), a radix sort of 11 bits a pass 8 us at N = 1e6 and 16 us at N = 1e7 (three
-// passes), this one about 6 us at either.
+// passes), this one about 6 us at either. Beyond 2^16 values (the ELBO's rows, drawn once per
+// fit) std::sort, so that the counts stay small.
 void bucket_sort(std::vector<std::int64_t>& v, std::int64_t n) {
+  if (v.size() > (std::size_t{1} << 16)) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
   const int width = std::bit_width(static_cast<std::uint64_t>(std::max<std::int64_t>(n - 1, 1)));
   const int shift = std::max(0, width - static_cast<int>(std::bit_width(v.size())));
   thread_local std::vector<std::uint32_t> count;

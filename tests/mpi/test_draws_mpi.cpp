@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "comm/comm.hpp"
 #include "core/partition.hpp"
+#include "core/rng.hpp"
 #include "engine/draws.hpp"
 
 namespace caviar::engine {
@@ -182,6 +184,42 @@ TEST(DrawsMpi, SparseMinibatchSumsAreRankInvariant) {
           n, [&](RowRange r) { return detail::minibatch_groups(n, r, batch, 42, t); },
           "batch " + std::to_string(batch) + " step " + std::to_string(t));
   }
+}
+
+TEST(DrawsMpi, MinibatchGroupsAreThePositionsSortedAndGrouped) {
+  // minibatch_groups against its definition, one position at a time: B positions from
+  // uniform2, std::sort, then grouped by kBlockRows block. Batches on both sides of the bucket
+  // sort's limit (2^16), and one position per 8 rows or several per row.
+  for (const std::int64_t n : {std::int64_t{1000}, std::int64_t{1000003}, std::int64_t{10000000}})
+    for (const std::int64_t batch : {5, 1024, 70000}) {
+      const CounterRng rng(42, Stream::kBbviBatch);
+      std::vector<std::int64_t> pos;
+      for (std::int64_t b = 0; b < batch; ++b)
+        pos.push_back(std::min<std::int64_t>(
+            n - 1, static_cast<std::int64_t>(rng.uniform2(std::uint64_t(b / 2), 3)[b % 2] *
+                                             static_cast<double>(n))));
+      std::sort(pos.begin(), pos.end());
+      const RowRange mine{n / 3 / kBlockRows * kBlockRows, n};  // whole blocks, as a shard
+      const Groups g = detail::minibatch_groups(n, mine, batch, 42, 3);
+      std::vector<std::int64_t> rows, offsets{0};
+      std::int64_t first = 0, total = 0;
+      for (std::size_t i = 0; i < pos.size(); ++i) {
+        const bool fresh = i == 0 || pos[i] / kBlockRows != pos[i - 1] / kBlockRows;
+        total += fresh;
+        if (pos[i] < mine.begin) {
+          first += fresh;
+          continue;
+        }
+        if (fresh && !rows.empty()) offsets.push_back(std::int64_t(rows.size()));
+        rows.push_back(pos[i] - mine.begin);
+      }
+      if (!rows.empty()) offsets.push_back(std::int64_t(rows.size()));
+      const std::string what = "n " + std::to_string(n) + ", batch " + std::to_string(batch);
+      EXPECT_EQ(g.rows, rows) << what;
+      EXPECT_EQ(g.offsets, offsets) << what;
+      EXPECT_EQ(g.first, first) << what;
+      EXPECT_EQ(g.total, total) << what;
+    }
 }
 
 TEST(DrawsMpi, NonFiniteDrawIsDroppedOnEveryRank) {
