@@ -62,30 +62,4 @@ void parallel_blocks_dynamic(std::int64_t n, std::int64_t block, int n_threads, 
   error.rethrow();
 }
 
-// Runs a() and b() at once on two threads when there are two, else one after the other: two
-// independent pieces of work that every rank repeats (black-box VI's minibatch and draws).
-template <class A, class B>
-void parallel_invoke(A&& a, B&& b) {
-  if (max_threads() < 2) {
-    a();
-    b();
-    return;
-  }
-  detail::FirstError error;
-#pragma omp parallel num_threads(2)
-  {
-    // The runtime may give the region fewer threads than asked (OMP_THREAD_LIMIT, dynamic
-    // adjustment): then its one thread runs both.
-    if (omp_get_num_threads() < 2) {
-      error.run(a);
-      error.run(b);
-    } else if (omp_get_thread_num() == 0) {
-      error.run(a);
-    } else {
-      error.run(b);
-    }
-  }
-  error.rethrow();
-}
-
 }  // namespace caviar

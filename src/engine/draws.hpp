@@ -266,13 +266,15 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     boundary(t);
     const detail::Stopwatch local;
     // The step's minibatch and draws depend on neither each other nor the data: with two
-    // threads, at once (every rank repeats them, and the other thread would only wait).
+    // threads, at once (every rank repeats them, and the other thread would only wait). Two
+    // blocks of one item each; with one thread, one after the other.
     Groups groups;
-    parallel_invoke(
-        [&] {
-          groups = detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
-        },
-        [&] { model.set_draws(DrawKind::kGradient, t); });
+    parallel_blocks(2, 1, std::min(2, max_threads()), [&](int, std::int64_t b, std::int64_t) {
+      if (b == 0)
+        groups = detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
+      else
+        model.set_draws(DrawKind::kGradient, t);
+    });
     const detail::DrawSums d = drawn_pass(comm, model, groups);
     local_seconds += local.seconds() - d.reduce_seconds;
     reduce_seconds += d.reduce_seconds;
