@@ -5,7 +5,8 @@ Titsias & Lazaro-Gredilla 2014), in double precision like caviar:
 
   theta = (w_1..w_D, b), prior N(0, s0^2 I); q = N(mu, L L^T), L lower triangular with its
   diagonal stored as log L_ii (Kucukelbir et al. 2017, section 2.5), starting at mu = 0, L = 0.1 I;
-  each step B rows drawn uniformly with replacement and S draws theta_s = mu + L eps_s;
+  each step B rows, one drawn uniformly in each of B equal strata of the N rows (row
+  floor((j + u_j) N / B), as caviar's minibatches), and S draws theta_s = mu + L eps_s;
   ELBO_hat = mean_s [(N / B) sum_b log p(y_b | x_b, theta_s) + log p(theta_s)] + H(q);
   Adam (PyTorch's, the convention caviar's optimiser follows) on -ELBO_hat.
 
@@ -78,7 +79,9 @@ def main():
     times, trace = [], []
     for t in range(1, a.steps + 1):
         t0 = time.perf_counter()
-        idx = torch.randint(n, (a.batch_size,))
+        idx = ((torch.arange(a.batch_size, dtype=torch.float64)
+                + torch.rand(a.batch_size, dtype=torch.float64)) * (n / a.batch_size)).long()
+        idx = idx.clamp_(max=n - 1)
         xb, yb = x[idx], y[idx]
         theta = mu + torch.randn(a.samples, p, dtype=torch.float64) @ factor().T
         eta = xb @ theta[:, :d].T + theta[:, d]  # B x S

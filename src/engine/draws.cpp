@@ -2,7 +2,6 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <bit>
 #include <utility>
 
 #include "core/error.hpp"
@@ -16,36 +15,6 @@ int tree_top(std::int64_t total) {
   int top = 0;
   while ((std::int64_t{1} << top) < total) ++top;
   return top;
-}
-
-// Sorts values in [0, n) ascending: one counting pass by their top bits into about v.size()
-// buckets, then an insertion sort, which moves only the few values that share a bucket (uniform
-// positions: half a value per bucket on average). Every rank sorts a step's B positions, so this
-// is work that more ranks do not share: std::sort took about 40 us for B = 1024 (branch
-// mispredictions), a radix sort of 11 bits a pass 8 us at N = 1e6 and 16 us at N = 1e7 (three
-// passes), this one about 6 us at either. Beyond 2^16 values (the ELBO's rows, drawn once per
-// fit) std::sort, so that the counts stay small.
-void bucket_sort(std::vector<std::int64_t>& v, std::int64_t n) {
-  if (v.size() > (std::size_t{1} << 16)) {
-    std::sort(v.begin(), v.end());
-    return;
-  }
-  const int width = std::bit_width(static_cast<std::uint64_t>(std::max<std::int64_t>(n - 1, 1)));
-  const int shift = std::max(0, width - static_cast<int>(std::bit_width(v.size())));
-  thread_local std::vector<std::uint32_t> count;
-  thread_local std::vector<std::int64_t> tmp;
-  count.assign((std::size_t{1} << (width - shift)) + 1, 0);
-  tmp.resize(v.size());
-  for (const std::int64_t x : v) ++count[static_cast<std::size_t>(x >> shift) + 1];
-  for (std::size_t b = 1; b < count.size(); ++b) count[b] += count[b - 1];
-  for (const std::int64_t x : v) tmp[count[static_cast<std::size_t>(x >> shift)]++] = x;
-  for (std::size_t i = 1; i < tmp.size(); ++i) {
-    const std::int64_t x = tmp[i];
-    std::size_t j = i;
-    for (; j > 0 && tmp[j - 1] > x; --j) tmp[j] = tmp[j - 1];
-    tmp[j] = x;
-  }
-  v.swap(tmp);
 }
 
 }  // namespace
@@ -203,29 +172,44 @@ DrawSums reduce_draws(
 
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
                         std::int64_t t) {
-  // Positions keyed by (seed, step, position): every rank draws the same B, keeps its own, and
-  // counts the blocks of every rank's positions (the groups' global list).
-  const CounterRng rng(seed, Stream::kBbviBatch);
-  std::vector<double> u(static_cast<std::size_t>(batch));
-  rng.uniforms(0, static_cast<std::uint32_t>(t), u);
-  std::vector<std::int64_t> pos(u.size());
-  for (std::size_t b = 0; b < u.size(); ++b)
-    pos[b] = std::min(n - 1, static_cast<std::int64_t>(u[b] * static_cast<double>(n)));
-  bucket_sort(pos, n);
+  // Stratified positions, one in each of `batch` strata of w = n / batch rows (Cochran 1977,
+  // section 5A): position j is floor((j + u_j) w), u_j uniform on (0, 1) keyed by (seed, step, j).
+  // Every row is drawn batch / n times in expectation, as with positions drawn uniformly with
+  // replacement, so the estimator keeps its scale n / batch and its unbiasedness, with a variance
+  // no larger. The positions come sorted, every rank holds the positions of its own strata (its
+  // share of the batch within one), and a rank makes only those: a step's cost on a rank falls
+  // with the rank count, where drawing and sorting all B positions on every rank did not. Each
+  // position is one group, so the groups' global list is j = 0..batch-1 on every rank.
   Groups g;
-  g.rows.reserve(pos.size());
-  g.offsets.reserve(pos.size() + 1);
-  for (std::size_t i = 0; i < pos.size(); ++i) {
-    const bool fresh = i == 0 || pos[i] / kBlockRows != pos[i - 1] / kBlockRows;
-    if (pos[i] < rows.begin) {
-      g.first += fresh;
-    } else if (pos[i] < rows.end) {
-      if (fresh && !g.rows.empty()) g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
-      g.rows.push_back(pos[i] - rows.begin);
-    }
-    g.total += fresh;
+  if (batch <= 0) return g;
+  g.total = batch;
+  const double w = static_cast<double>(n) / static_cast<double>(batch);
+  const auto position = [&](std::int64_t j, double u) {
+    return std::min(n - 1, static_cast<std::int64_t>((static_cast<double>(j) + u) * w));
+  };
+  // The strata that can hold a position in [rows.begin, rows.end), with a margin of two strata for
+  // the rounding of (j + u) w; j0 even, as uniforms() starts at a counter.
+  const auto stratum = [&](std::int64_t row) {
+    return static_cast<std::int64_t>(static_cast<double>(row) / w);
+  };
+  const std::int64_t j0 = std::clamp<std::int64_t>(stratum(rows.begin) - 2, 0, batch) / 2 * 2;
+  const std::int64_t j1 = std::clamp<std::int64_t>(stratum(rows.end) + 3, 0, batch);
+  const CounterRng rng(seed, Stream::kBbviBatch);
+  std::vector<double> u(static_cast<std::size_t>(std::max<std::int64_t>(j1 - j0, 0)));
+  rng.uniforms(static_cast<std::uint64_t>(j0 / 2), static_cast<std::uint32_t>(t), u);
+  // Positions are non-decreasing in j: those before the range come first, then the rank's own.
+  g.first = j0;
+  std::size_t i = 0;
+  for (; i < u.size() && position(j0 + static_cast<std::int64_t>(i), u[i]) < rows.begin; ++i)
+    ++g.first;
+  g.rows.reserve(u.size() - i);
+  g.offsets.reserve(u.size() - i + 1);  // offsets starts as {0}
+  for (; i < u.size(); ++i) {
+    const std::int64_t p = position(j0 + static_cast<std::int64_t>(i), u[i]);
+    if (p >= rows.end) break;
+    g.rows.push_back(p - rows.begin);
+    g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
   }
-  if (!g.rows.empty()) g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
   return g;
 }
 

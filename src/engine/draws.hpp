@@ -5,11 +5,12 @@
 // What crosses ranks is not a gradient but per-draw quantities of a model's S shared draws.
 //
 //   each step t    the model draws its S parameter vectors keyed by (seed, t): the same on every
-//                  rank; B global positions drawn uniformly with replacement, keyed by
-//                  (seed, kBbviBatch, t): the same on every rank (doubly stochastic VI, Titsias &
-//                  Lazaro-Gredilla 2014). Rank p takes the positions inside its rows, grouped by
-//                  kBlockRows block: a group's rows are the same whatever the rank count, one
-//                  thread computes each group.
+//                  rank; B global positions, one in each of B equal strata of the N rows,
+//                  keyed by (seed, kBbviBatch, t, stratum): the same on every rank (doubly
+//                  stochastic VI, Titsias & Lazaro-Gredilla 2014, with a stratified minibatch).
+//                  Rank p makes and takes the positions inside its rows, each its own group: a
+//                  group's row is the same whatever the rank count, one thread computes each
+//                  group.
 //     prepare        model.prepare(rows), if the model has it: the rows of a run of a thread's
 //                    consecutive groups, before their blocks (per-row work done in large kernels)
 //     block          model.block(rows, out): per draw, W values summed over the group's rows
@@ -69,6 +70,9 @@ struct DrawSchedule {
   std::uint64_t seed = 0;
   int elbo_every = 100;
   std::int64_t elbo_rows = 0;  // rows of the ELBO estimates (0 or >= N: all)
+  // The parameters of q the fit returns: the average of the iterates after this many steps, or
+  // (-1) the last iterate.
+  std::int64_t average_from = -1;
   OptimizerConfig optimizer;
 };
 
@@ -79,12 +83,14 @@ struct DrawRun : Run {  // Run::rows: this rank's rows; Run::global_rows: N
 };
 
 struct DrawResult : RunResult {
-  std::int64_t dropped = 0;  // non-finite draws dropped (gradient steps and ELBO estimates)
+  std::int64_t dropped = 0;   // non-finite draws dropped (gradient steps and ELBO estimates)
+  std::int64_t averaged = 0;  // iterates averaged into the returned parameters (0: the last one)
 };
 
-// A pass's groups: this rank's rows grouped by kBlockRows block (local indices, block by block,
-// in CSR form), and where they sit in the list of every rank's groups, which does not depend on
-// the rank count (shards are whole blocks, core/partition.hpp).
+// A pass's groups: this rank's rows in groups (local indices, group by group, in CSR form): a full
+// pass's by kBlockRows block, a minibatch's one position each; and where they sit in the list of
+// every rank's groups, which does not depend on the rank count (shards are whole blocks,
+// core/partition.hpp).
 struct Groups {
   std::vector<std::int64_t> rows;        // local rows, group after group
   std::vector<std::int64_t> offsets{0};  // group k: rows[offsets[k], offsets[k + 1])
@@ -158,7 +164,8 @@ class TreeStack {
   std::vector<double> values_;  // ids_.size() + 1 slots of width_ values
 };
 
-// Step t's minibatch on this rank: positions inside `rows`, as local indices grouped by block.
+// Step t's minibatch on this rank: the stratified positions inside `rows`, as local indices, one
+// group per position (groups.total = batch).
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
                         std::int64_t t);
 // Every local row, grouped by block (n: the rows over every rank).
@@ -235,10 +242,21 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   DrawResult res;
   std::int64_t t0 = 0;
   const std::vector<Counter> counters{{"dropped_draws", &res.dropped}};
+  // Iterate averaging (Ruppert 1988; Polyak & Juditsky 1992): under a constant step the iterates
+  // fluctuate around the optimum, and their mean after step A is much closer to it than the last
+  // one. The sum is kept in double, the same on every rank, and checkpointed with its count.
+  const bool averaging = sc.average_from >= 0;
+  const auto n_lambda = static_cast<std::int64_t>(lambda.size());
+  std::vector<double> avg_sum(averaging ? lambda.size() : 0, 0.0);
+  std::int64_t avg_count = 0;
   ck.restore_model([&](const StateReader& r) { model.load(r); });
   ck.restore_driver([&](const StateReader& r) {
     opt.load(r);
     t0 = detail::steps_done(r, run.stop.max_iter);
+    if (averaging) {
+      avg_count = r.attr_int("average_count", 0, t0, "the checkpoint's averaged iterates");
+      avg_sum = r.array("average_sum", Dims{static_cast<std::uint64_t>(n_lambda)});
+    }
   });
   ck.restore_counters(counters);
   res.trace = ck.trace();
@@ -254,6 +272,10 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
         [&](StateWriter& w) {
           opt.save(w);
           w.attr("steps_done", t);
+          if (averaging) {
+            w.attr("average_count", avg_count);
+            w.array("average_sum", avg_sum, Dims{static_cast<std::uint64_t>(n_lambda)});
+          }
         });
   };
   double local_seconds = 0, reduce_seconds = 0;
@@ -287,6 +309,11 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     opt.begin_step();
     opt.update(lambda.data(), g.data(), 0, static_cast<std::int64_t>(lambda.size()));
     res.steps = t + 1;
+    if (averaging && t + 1 > sc.average_from) {
+      for (std::int64_t i = 0; i < n_lambda; ++i)
+        avg_sum[static_cast<std::size_t>(i)] += lambda[static_cast<std::size_t>(i)];
+      ++avg_count;
+    }
     if ((t + 1) % sc.elbo_every != 0 && t + 1 != run.stop.max_iter) continue;
     const detail::DrawSums e = groups_pass(comm, model, DrawKind::kElbo, t + 1, er.groups);
     res.dropped += e.dropped;
@@ -305,6 +332,11 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     }
   }
   if (res.steps == run.stop.max_iter && !res.converged) boundary(res.steps);
+  if (avg_count > 0)
+    for (std::int64_t i = 0; i < n_lambda; ++i)
+      lambda[static_cast<std::size_t>(i)] =
+          avg_sum[static_cast<std::size_t>(i)] / static_cast<double>(avg_count);
+  res.averaged = avg_count;
   res.iterations = static_cast<int>(res.steps);
   detail::finish(comm, local_seconds, reduce_seconds, clock, res);
   return res;

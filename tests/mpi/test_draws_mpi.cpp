@@ -176,8 +176,8 @@ TEST(DrawsMpi, FullPassSumsAreRankInvariant) {
 }
 
 TEST(DrawsMpi, SparseMinibatchSumsAreRankInvariant) {
-  // Positions drawn with replacement: repeated rows, one-row groups, ranks without any.
-  for (const std::int64_t batch : {1, 7, 300}) {
+  // Stratified positions: ranks without any, and (batch 70,000) several positions per row.
+  for (const std::int64_t batch : {1, 7, 300, 70000}) {
     const std::int64_t n = 200 * kBlockRows + 5;
     for (std::int64_t t = 0; t < 3; ++t)
       expect_invariant(
@@ -186,40 +186,62 @@ TEST(DrawsMpi, SparseMinibatchSumsAreRankInvariant) {
   }
 }
 
-TEST(DrawsMpi, MinibatchGroupsAreThePositionsSortedAndGrouped) {
-  // minibatch_groups against its definition, one position at a time: B positions from
-  // uniform2, std::sort, then grouped by kBlockRows block. Batches on both sides of the bucket
-  // sort's limit (2^16), and one position per 8 rows or several per row.
+TEST(DrawsMpi, MinibatchGroupsAreTheStratifiedPositions) {
+  // minibatch_groups against its definition, every position made: position j is
+  // floor((j + u_j) n / B) with u_j from uniform2 at step 3, clamped to n - 1; a shard keeps
+  // those inside it, one group each, and counts those before it. Shards of whole blocks as
+  // partition_rows makes them, at the start, the middle and the end (and an empty one); one
+  // position per 8 rows, per 977 or 9766, and several per row.
   for (const std::int64_t n : {std::int64_t{1000}, std::int64_t{1000003}, std::int64_t{10000000}})
-    for (const std::int64_t batch : {5, 1024, 70000}) {
+    for (const std::int64_t batch : {1, 5, 1024, 70000}) {
       const CounterRng rng(42, Stream::kBbviBatch);
       std::vector<std::int64_t> pos;
-      for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t j = 0; j < batch; ++j) {
+        const double u = rng.uniform2(std::uint64_t(j / 2), 3)[j % 2];
         pos.push_back(std::min<std::int64_t>(
-            n - 1, static_cast<std::int64_t>(rng.uniform2(std::uint64_t(b / 2), 3)[b % 2] *
-                                             static_cast<double>(n))));
-      std::sort(pos.begin(), pos.end());
-      const RowRange mine{n / 3 / kBlockRows * kBlockRows, n};  // whole blocks, as a shard
-      const Groups g = detail::minibatch_groups(n, mine, batch, 42, 3);
-      std::vector<std::int64_t> rows, offsets{0};
-      std::int64_t first = 0, total = 0;
-      for (std::size_t i = 0; i < pos.size(); ++i) {
-        const bool fresh = i == 0 || pos[i] / kBlockRows != pos[i - 1] / kBlockRows;
-        total += fresh;
-        if (pos[i] < mine.begin) {
-          first += fresh;
-          continue;
-        }
-        if (fresh && !rows.empty()) offsets.push_back(std::int64_t(rows.size()));
-        rows.push_back(pos[i] - mine.begin);
+            n - 1,
+            static_cast<std::int64_t>((static_cast<double>(j) + u) *
+                                      (static_cast<double>(n) / static_cast<double>(batch)))));
       }
-      if (!rows.empty()) offsets.push_back(std::int64_t(rows.size()));
-      const std::string what = "n " + std::to_string(n) + ", batch " + std::to_string(batch);
-      EXPECT_EQ(g.rows, rows) << what;
-      EXPECT_EQ(g.offsets, offsets) << what;
-      EXPECT_EQ(g.first, first) << what;
-      EXPECT_EQ(g.total, total) << what;
+      const std::int64_t third = n / 3 / kBlockRows * kBlockRows;
+      for (const RowRange mine : {RowRange{0, third}, RowRange{third, 2 * third},
+                                  RowRange{2 * third, n}, RowRange{n, n}}) {
+        const Groups g = detail::minibatch_groups(n, mine, batch, 42, 3);
+        std::vector<std::int64_t> rows, offsets{0};
+        std::int64_t first = 0;
+        for (const std::int64_t p : pos) {
+          if (p < mine.begin) {
+            ++first;
+          } else if (p < mine.end) {
+            rows.push_back(p - mine.begin);
+            offsets.push_back(std::int64_t(rows.size()));
+          }
+        }
+        const std::string what = "n " + std::to_string(n) + ", batch " + std::to_string(batch) +
+                                 ", rows from " + std::to_string(mine.begin);
+        EXPECT_EQ(g.rows, rows) << what;
+        EXPECT_EQ(g.offsets, offsets) << what;
+        EXPECT_EQ(g.first, first) << what;
+        EXPECT_EQ(g.total, batch) << what;
+      }
     }
+}
+
+TEST(DrawsMpi, StratifiedPositionsDrawEveryRowEquallyOften) {
+  // Unbiasedness of the scale N / B: every row's expected count per step is B / N. Over 4,000
+  // steps of B = 7 positions on N = 23 rows (strata of 3.29 rows, straddling rows), each row's
+  // count is Binomial-like with mean 4000 * 7 / 23 = 1217.4 and sd below 35: within 6 sd.
+  const std::int64_t n = 23, batch = 7, steps = 4000;
+  std::vector<std::int64_t> count(static_cast<std::size_t>(n), 0);
+  for (std::int64_t t = 0; t < steps; ++t) {
+    const Groups g = detail::minibatch_groups(n, RowRange{0, n}, batch, 11, t);
+    ASSERT_EQ(g.size(), batch);
+    for (const std::int64_t r : g.rows) ++count[static_cast<std::size_t>(r)];
+  }
+  const double mean = static_cast<double>(steps * batch) / static_cast<double>(n);
+  for (std::int64_t r = 0; r < n; ++r)
+    EXPECT_NEAR(static_cast<double>(count[static_cast<std::size_t>(r)]), mean, 6 * 35.0)
+        << "row " << r;
 }
 
 TEST(DrawsMpi, NonFiniteDrawIsDroppedOnEveryRank) {

@@ -34,7 +34,8 @@ struct FitOptions {
   std::int64_t batch_size = 1024;
   int elbo_every = 100;
   std::int64_t elbo_rows = 20000;
-  int adapt_iter = 50;  // steps of each trial of --lr auto
+  int adapt_iter = 50;             // steps of each trial of --lr auto
+  std::int64_t average_from = -1;  // --average-from (-1: the last iterate)
   engine::CheckpointFiles files;
 };
 
@@ -127,6 +128,10 @@ void check_options(FitOptions& o) {
   if (o.elbo_every < 1) throw Error("--elbo-every must be >= 1");
   if (o.elbo_rows < 1) throw Error("--elbo-rows must be >= 1");
   if (o.stop.max_iter < 1) throw Error("--max-iter must be >= 1");
+  if (o.average_from < -1) throw Error("--average-from must be >= 0");
+  if (o.average_from >= o.stop.max_iter)
+    throw Error("--average-from must be below --max-iter (" + std::to_string(o.stop.max_iter) +
+                ")");
 }
 
 // The posterior summary of q: /mean, /sd, and /covariance (fullrank) or /factor and /diag
@@ -159,6 +164,7 @@ void save_posterior(engine::StateWriter& w, const Posterior& m, const FitOptions
   w.attr("rank", static_cast<std::int64_t>(q.rank()));
   w.attr("k_hat", k_hat);
   w.attr("steps", res.steps);
+  w.attr("averaged_iterates", res.averaged);
   w.attr("dropped_draws", res.dropped);
   w.attr("family", o.family);
   w.attr("estimator", o.estimator);
@@ -190,6 +196,7 @@ ckpt::Fingerprint fingerprint(const Comm& comm, const FitOptions& o, const io::D
   fp.add("elbo_every", static_cast<std::int64_t>(o.elbo_every), "--elbo-every");
   fp.add("elbo_samples", static_cast<std::int64_t>(o.cfg.elbo_samples), "--elbo-samples");
   fp.add("elbo_rows", o.elbo_rows, "--elbo-rows");
+  fp.add("average_from", o.average_from, "--average-from");
   fp.add("seed", static_cast<std::int64_t>(o.cfg.seed), "--seed");
   return fp;
 }
@@ -241,6 +248,7 @@ void run_fit(engine::Context& ctx, FitOptions o) {
     o.lr = std::to_string(lr);
   }
   run.schedule.optimizer.adam.lr = std::stod(o.lr);
+  run.schedule.average_from = o.average_from;  // after --lr auto: its trials keep the last iterate
   engine::DrawResult res = engine::fit_draws(model, run);
   double k_hat = std::nan("");
   if (o.cfg.diagnostic_samples > 0) {
@@ -267,6 +275,7 @@ void run_fit(engine::Context& ctx, FitOptions o) {
   auto j = engine::summary(ctx, res);
   j["steps"] = res.steps;
   j["dropped_draws"] = res.dropped;
+  j["averaged_iterates"] = res.averaged;
   j["k_hat"] = std::isfinite(k_hat) ? nlohmann::ordered_json(k_hat) : nlohmann::ordered_json();
   j["out"] = o.out;
   print_summary(ctx, j);
@@ -399,7 +408,9 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
   f->add_option("--rank", o->cfg.rank, "lowrank: columns of the factor B");
   f->add_option("--estimator", o->estimator, "score | score-cv | reparam")->capture_default_str();
   f->add_option("--samples", o->cfg.samples, "Draws of q per step (S)")->capture_default_str();
-  f->add_option("--batch-size", o->batch_size, "Rows per global minibatch (drawn with replacement)")
+  f->add_option(
+       "--batch-size", o->batch_size,
+       "Rows per global minibatch (B; one drawn uniformly in each of B equal strata of the rows)")
       ->capture_default_str();
   f->add_option("--optimizer", o->optimizer, "adam | rm (Robbins-Monro)")
       ->check(CLI::IsMember({"adam", "rm"}))
@@ -417,6 +428,10 @@ void add_commands(CLI::App& cli, engine::Context& ctx) {
       "this");
   f->add_option("--elbo-every", o->elbo_every, "Steps between ELBO estimates")
       ->capture_default_str();
+  f->add_option("--average-from", o->average_from,
+                "Return q at the average of the iterates after this many steps (Polyak-Ruppert "
+                "averaging: far less noisy than the last iterate under a constant --lr); the ELBO "
+                "trace stays that of the iterates. Default: the last iterate");
   f->add_option("--elbo-rows", o->elbo_rows,
                 "Rows of each ELBO estimate: drawn once and kept, their log-likelihood scaled "
                 "by N / rows (all N if N is smaller)")
