@@ -173,7 +173,7 @@ DrawSums reduce_draws(
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
                         std::int64_t t) {
   // Stratified positions, one in each of `batch` strata of w = n / batch rows (Cochran 1977,
-  // section 5A): position j is floor((j + u_j) w), u_j uniform on (0, 1) keyed by (seed, step, j).
+  // ch. 5): position j is floor((j + u_j) w), u_j uniform on (0, 1) keyed by (seed, step, j).
   // Every row is drawn batch / n times in expectation, as with positions drawn uniformly with
   // replacement, so the estimator keeps its scale n / batch and its unbiasedness, with a variance
   // no larger. The positions come sorted, every rank holds the positions of its own strata (its
