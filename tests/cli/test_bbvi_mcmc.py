@@ -31,9 +31,9 @@ What is checked ("within 5%" of the reference):
   mean-field        (with CAVIAR_BBVI_MCMC_MEANFIELD=1: it doubles the fits' CPU time) means
                     only, the same check: a mean-field Gaussian matches the posterior's precision
                     diagonal, not its marginal variances, so its sds are too small by design
-                    (Bishop 2006, eq. 10.13 ff.). Measured (the last iterate, before the fits averaged
-                    theirs): means 0.037; its sds happen to be within
-                    3.1% here, as the features are independent and the posterior nearly so.
+                    (Bishop 2006, eq. 10.13 ff.). Measured (the last iterate, before the fits
+                    averaged theirs): means 0.037; its sds happen to be within 3.1% here, as
+                    the features are independent and the posterior nearly so.
 
 caviar's iterate under a constant Adam step fluctuates around the optimum (minibatch and
 Monte-Carlo noise), so the fit returns q at the mean of its iterates after step 15,000 of 20,000
