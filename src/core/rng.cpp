@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+
+#include "core/vec4.hpp"
+#include "math/fast.hpp"
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -55,6 +58,29 @@ inline std::array<double, 2> box_muller(double u1, double u2) {
   const double radius = std::sqrt(-2.0 * std::log(u1));
   const double angle = 2.0 * std::numbers::pi * u2;
   return {radius * std::cos(angle), radius * std::sin(angle)};
+}
+
+// Box-Muller on four pairs of uniforms u (u1, u2 interleaved) into z (the cos and sin normal of
+// each pair, interleaved), with math::fast's logarithm, cosine and sine: plain arithmetic, no
+// libm. Every normal of normals and poly_normal2 goes through this one function, which is never
+// inlined, so a pair's bits do not depend on where it falls in a call (the compiler may fuse the
+// multiply-adds of two inlined copies differently).
+[[gnu::noinline]] void box_muller4(const double* u, double* z) {
+  const Vec4 a = vload<Vec4>(u), b = vload<Vec4>(u + 4);
+  const Vec4 u1 = __builtin_shuffle(a, b, Vec4u{0, 2, 4, 6}),
+             u2 = __builtin_shuffle(a, b, Vec4u{1, 3, 5, 7});
+  const Vec4 squared = -2.0 * math::fast::log(u1);
+  Vec4 radius;
+#if defined(__AVX2__)
+  radius = _mm256_sqrt_pd(squared);
+#else
+  for (int k = 0; k < 4; ++k) radius[k] = std::sqrt(squared[k]);
+#endif
+  Vec4 c, s;
+  math::fast::cos_sin_turn(u2, c, s);
+  const Vec4 zc = radius * c, zs = radius * s;
+  vstore(z, __builtin_shuffle(zc, zs, Vec4u{0, 4, 1, 5}));
+  vstore(z + 4, __builtin_shuffle(zc, zs, Vec4u{2, 6, 3, 7}));
 }
 
 #if defined(__AVX2__)
@@ -131,18 +157,24 @@ void CounterRng::uniforms(std::uint64_t first, std::uint32_t step, std::span<dou
   }
 }
 
+std::array<double, 2> CounterRng::poly_normal2(std::uint64_t index, std::uint32_t step) const {
+  const auto [u1, u2] = uniform2(index, step);
+  double u[8] = {u1, u2, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5}, z[8];
+  box_muller4(u, z);
+  return {z[0], z[1]};
+}
+
 void CounterRng::normals(std::uint64_t first, std::uint32_t step, std::span<double> out) const {
-  // The uniforms in batches of a few cache lines, then Box-Muller pair by pair.
+  // The uniforms in batches of a few cache lines, then Box-Muller four pairs at a time; the last
+  // group of a call is padded with uniforms of 1/2.
   constexpr std::size_t kBatch = 64;
-  double u[kBatch];
+  double u[kBatch], z[kBatch];
   for (std::size_t i = 0; i < out.size(); i += kBatch) {
     const std::size_t m = std::min(kBatch, (out.size() - i + 1) / 2 * 2);
     uniforms(first + i / 2, step, {u, m});
-    for (std::size_t k = 0; k < m; k += 2) {
-      const auto z = box_muller(u[k], u[k + 1]);
-      out[i + k] = z[0];
-      if (i + k + 1 < out.size()) out[i + k + 1] = z[1];
-    }
+    std::fill(u + m, u + (m + 7) / 8 * 8, 0.5);
+    for (std::size_t k = 0; k < m; k += 8) box_muller4(u + k, z + k);
+    std::copy(z, z + std::min(kBatch, out.size() - i), out.data() + i);
   }
 }
 
