@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -212,7 +213,7 @@ struct Layout {
   std::vector<int> counts, displs;
   std::int64_t total = 0;
 };
-Layout layout(const std::vector<std::int64_t>& counts, const char* what) {
+Layout layout(std::span<const std::int64_t> counts, const char* what) {
   Layout l{std::vector<int>(counts.size()), std::vector<int>(counts.size()), 0};
   for (std::size_t p = 0; p < counts.size(); ++p) {
     if (l.total + counts[p] > std::numeric_limits<int>::max())
@@ -227,7 +228,21 @@ Layout layout(const std::vector<std::int64_t>& counts, const char* what) {
 
 std::vector<double> Comm::allgatherv(std::span<const double> mine) const {
   if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
-  const Layout l = layout(allgather(static_cast<std::int64_t>(mine.size())), "allgatherv");
+  const std::vector<std::int64_t> counts = allgather(static_cast<std::int64_t>(mine.size()));
+  return allgatherv(mine, counts);
+}
+
+std::vector<double> Comm::allgatherv(std::span<const double> mine,
+                                     std::span<const std::int64_t> counts) const {
+  if (size_ == 1) return std::vector<double>(mine.begin(), mine.end());
+  if (counts.size() != static_cast<std::size_t>(size_) ||
+      counts[static_cast<std::size_t>(rank_)] != static_cast<std::int64_t>(mine.size())) {
+    // A bug, found on this rank alone, while the others may be inside the collective already:
+    // end the job rather than leave them waiting.
+    std::fprintf(stderr, "caviar: internal error: allgatherv's counts do not match the sizes\n");
+    MPI_Abort(unpack(handle_), 70);
+  }
+  const Layout l = layout(counts, "allgatherv");
   std::vector<double> out(static_cast<std::size_t>(l.total));
   check(MPI_Allgatherv(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, out.data(),
                        l.counts.data(), l.displs.data(), MPI_DOUBLE, unpack(handle_)),

@@ -57,6 +57,10 @@ class Comm {
   std::vector<std::int64_t> allgather(std::int64_t v) const;
   // Concatenates every rank's `mine` in rank order (sizes may differ), on every rank.
   std::vector<double> allgatherv(std::span<const double> mine) const;
+  // The same when every rank already knows every rank's size (counts, in rank order): no
+  // exchange of the sizes first.
+  std::vector<double> allgatherv(std::span<const double> mine,
+                                 std::span<const std::int64_t> counts) const;
   // The same concatenation on `root` only (empty elsewhere): for a checkpoint that rank 0 writes.
   std::vector<double> gatherv(std::span<const double> mine, int root) const;
   void barrier() const;

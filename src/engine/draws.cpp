@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "core/error.hpp"
@@ -79,6 +80,20 @@ std::vector<double> TreeStack::root() const {
   return {values_.begin(), values_.begin() + width_};
 }
 
+std::int64_t TreeStack::nodes_of(std::int64_t begin, std::int64_t end, std::int64_t total) {
+  // Push the range as its largest aligned subtrees (as reduce_draws does with node()), one value
+  // per node.
+  TreeStack tree(1, total);
+  for (std::int64_t g = begin; g < end;) {
+    int l = 0;
+    while ((g & ((std::int64_t{2} << l) - 1)) == 0 && g + (std::int64_t{2} << l) <= end) ++l;
+    *tree.next() = 0;
+    tree.push(l, g >> l);
+    g += std::int64_t{1} << l;
+  }
+  return static_cast<std::int64_t>(tree.ids_.size());
+}
+
 std::vector<double> TreeStack::packed() const {
   const std::size_t r = static_cast<std::size_t>(width_);
   std::vector<double> out(ids_.size() * (r + 2));
@@ -148,8 +163,16 @@ DrawSums reduce_draws(
     // Every rank's nodes in rank order, that is in group order, onto one stack: what remains is
     // the root, the same additions as on one rank.
     const std::vector<double> mine = parts.empty() ? std::vector<double>{} : parts[0].packed();
+    // Each rank's node count from its range of groups, where every rank knows every range.
+    std::vector<std::int64_t> counts;
+    if (groups.rank_first.size() == static_cast<std::size_t>(comm.size()) + 1)
+      for (std::size_t p = 0; p + 1 < groups.rank_first.size(); ++p)
+        counts.push_back(
+            TreeStack::nodes_of(groups.rank_first[p], groups.rank_first[p + 1], groups.total) *
+            (r + 2));
     const Stopwatch watch;
-    const std::vector<double> all = comm.allgatherv(mine);
+    const std::vector<double> all =
+        counts.empty() ? comm.allgatherv(mine) : comm.allgatherv(mine, counts);
     out.reduce_seconds += watch.seconds();
     TreeStack tree(r, groups.total);
     tree.append(all);
@@ -170,8 +193,59 @@ DrawSums reduce_draws(
   return out;
 }
 
+namespace {
+
+// The stratified positions of a step (minibatch_groups below): position j is floor((j + u_j) w)
+// with w = n / batch, clamped to n - 1; non-decreasing in j.
+class Strata {
+ public:
+  Strata(std::int64_t n, std::int64_t batch, std::uint64_t seed, std::int64_t t)
+      : n_(n),
+        batch_(batch),
+        w_(static_cast<double>(n) / static_cast<double>(batch)),
+        rng_(seed, Stream::kBbviBatch),
+        t_(t) {}
+  std::int64_t position(std::int64_t j, double u) const {
+    return std::min(n_ - 1, static_cast<std::int64_t>((static_cast<double>(j) + u) * w_));
+  }
+  // The strata [j0, j1) that can hold a position in [begin, end), with a margin of two strata
+  // for the rounding of (j + u) w; j0 even, as uniforms() starts at a counter.
+  std::pair<std::int64_t, std::int64_t> window(std::int64_t begin, std::int64_t end) const {
+    return {std::clamp<std::int64_t>(stratum(begin) - 2, 0, batch_) / 2 * 2,
+            std::clamp<std::int64_t>(stratum(end) + 3, 0, batch_)};
+  }
+  // u_j for j = j0, j0 + 1, ... (j0 even).
+  void uniforms(std::int64_t j0, std::span<double> u) const {
+    rng_.uniforms(static_cast<std::uint64_t>(j0 / 2), static_cast<std::uint32_t>(t_), u);
+  }
+  // The number of positions before `row`: those of the strata before the window, and the
+  // window's own below it.
+  std::int64_t before(std::int64_t row) const {
+    const auto [j0, j1] = window(row, row);
+    std::array<double, 8> u{};
+    const std::span<double> window_u(u.data(),
+                                     static_cast<std::size_t>(std::max<std::int64_t>(j1 - j0, 0)));
+    uniforms(j0, window_u);
+    std::int64_t count = j0;
+    for (std::size_t i = 0; i < window_u.size(); ++i)
+      if (position(j0 + static_cast<std::int64_t>(i), window_u[i]) < row) ++count;
+    return count;
+  }
+
+ private:
+  std::int64_t stratum(std::int64_t row) const {
+    return static_cast<std::int64_t>(static_cast<double>(row) / w_);
+  }
+  std::int64_t n_, batch_;
+  double w_;
+  CounterRng rng_;
+  std::int64_t t_;
+};
+
+}  // namespace
+
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
-                        std::int64_t t) {
+                        std::int64_t t, std::span<const std::int64_t> rank_rows) {
   // Stratified positions, one in each of `batch` strata of w = n / batch rows (Cochran 1977,
   // ch. 5): position j is floor((j + u_j) w), u_j uniform on (0, 1) keyed by (seed, step, j).
   // Every row is drawn batch / n times in expectation, as with positions drawn uniformly with
@@ -183,33 +257,26 @@ Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::
   Groups g;
   if (batch <= 0) return g;
   g.total = batch;
-  const double w = static_cast<double>(n) / static_cast<double>(batch);
-  const auto position = [&](std::int64_t j, double u) {
-    return std::min(n - 1, static_cast<std::int64_t>((static_cast<double>(j) + u) * w));
-  };
-  // The strata that can hold a position in [rows.begin, rows.end), with a margin of two strata for
-  // the rounding of (j + u) w; j0 even, as uniforms() starts at a counter.
-  const auto stratum = [&](std::int64_t row) {
-    return static_cast<std::int64_t>(static_cast<double>(row) / w);
-  };
-  const std::int64_t j0 = std::clamp<std::int64_t>(stratum(rows.begin) - 2, 0, batch) / 2 * 2;
-  const std::int64_t j1 = std::clamp<std::int64_t>(stratum(rows.end) + 3, 0, batch);
-  const CounterRng rng(seed, Stream::kBbviBatch);
+  const Strata strata(n, batch, seed, t);
+  const auto [j0, j1] = strata.window(rows.begin, rows.end);
   std::vector<double> u(static_cast<std::size_t>(std::max<std::int64_t>(j1 - j0, 0)));
-  rng.uniforms(static_cast<std::uint64_t>(j0 / 2), static_cast<std::uint32_t>(t), u);
+  strata.uniforms(j0, u);
   // Positions are non-decreasing in j: those before the range come first, then the rank's own.
   g.first = j0;
   std::size_t i = 0;
-  for (; i < u.size() && position(j0 + static_cast<std::int64_t>(i), u[i]) < rows.begin; ++i)
+  for (; i < u.size() && strata.position(j0 + static_cast<std::int64_t>(i), u[i]) < rows.begin; ++i)
     ++g.first;
   g.rows.reserve(u.size() - i);
   g.offsets.reserve(u.size() - i + 1);  // offsets starts as {0}
   for (; i < u.size(); ++i) {
-    const std::int64_t p = position(j0 + static_cast<std::int64_t>(i), u[i]);
+    const std::int64_t p = strata.position(j0 + static_cast<std::int64_t>(i), u[i]);
     if (p >= rows.end) break;
     g.rows.push_back(p - rows.begin);
     g.offsets.push_back(static_cast<std::int64_t>(g.rows.size()));
   }
+  // Every rank's first group the same way: a few strata around each rank boundary.
+  for (const std::int64_t b : rank_rows)
+    g.rank_first.push_back(b <= 0 ? 0 : b >= n ? batch : strata.before(b));
   return g;
 }
 
@@ -261,7 +328,7 @@ std::int64_t steps_done(const StateReader& r, std::int64_t max_iter) {
 
 namespace caviar::engine {
 
-ElboRows elbo_rows(const Run& run, const DrawSchedule& s) {
+ElboRows elbo_rows(const Run& run, const DrawSchedule& s, std::span<const std::int64_t> rank_rows) {
   ElboRows e;
   if (s.elbo_rows <= 0 || s.elbo_rows >= run.global_rows) {
     e.groups = detail::all_groups(run.global_rows, run.rows);
@@ -269,8 +336,8 @@ ElboRows elbo_rows(const Run& run, const DrawSchedule& s) {
   }
   // Step 2^32 - 1 of the minibatch stream: beyond any optimiser step (--max-iter is an int).
   constexpr std::int64_t kElboRowsStep = 0xFFFFFFFF;
-  e.groups =
-      detail::minibatch_groups(run.global_rows, run.rows, s.elbo_rows, s.seed, kElboRowsStep);
+  e.groups = detail::minibatch_groups(run.global_rows, run.rows, s.elbo_rows, s.seed, kElboRowsStep,
+                                      rank_rows);
   e.scale = static_cast<double>(run.global_rows) / static_cast<double>(s.elbo_rows);
   return e;
 }

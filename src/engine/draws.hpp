@@ -96,6 +96,9 @@ struct Groups {
   std::vector<std::int64_t> offsets{0};  // group k: rows[offsets[k], offsets[k + 1])
   std::int64_t first = 0;                // the global index of this rank's first group
   std::int64_t total = 0;                // groups over every rank
+  // Where known (a minibatch given every rank's rows): every rank's first group in rank order,
+  // then total. reduce_draws then knows every rank's share of the sum tree without asking.
+  std::vector<std::int64_t> rank_first;
   std::int64_t size() const { return static_cast<std::int64_t>(offsets.size()) - 1; }
   std::span<const std::int64_t> group(std::int64_t k) const {
     return {rows.data() + offsets[static_cast<std::size_t>(k)],
@@ -156,6 +159,9 @@ class TreeStack {
   // The root's values, once every group has been pushed; throws if some are missing. Zeros when
   // the pass has no group.
   std::vector<double> root() const;
+  // The number of nodes packed() holds after groups [begin, end) of `total` were pushed, in any
+  // split (the stack of a range does not depend on it).
+  static std::int64_t nodes_of(std::int64_t begin, std::int64_t end, std::int64_t total);
 
  private:
   std::int64_t width_, total_;
@@ -165,9 +171,10 @@ class TreeStack {
 };
 
 // Step t's minibatch on this rank: the stratified positions inside `rows`, as local indices, one
-// group per position (groups.total = batch).
+// group per position (groups.total = batch). With rank_rows (every rank's first row in rank
+// order, then n; the ranks' rows one contiguous partition), also every rank's first group.
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
-                        std::int64_t t);
+                        std::int64_t t, std::span<const std::int64_t> rank_rows = {});
 // Every local row, grouped by block (n: the rows over every rank).
 Groups all_groups(std::int64_t n, RowRange rows);
 
@@ -229,7 +236,8 @@ struct ElboRows {
   Groups groups;
   double scale = 1;
 };
-ElboRows elbo_rows(const Run& run, const DrawSchedule& s);
+ElboRows elbo_rows(const Run& run, const DrawSchedule& s,
+                   std::span<const std::int64_t> rank_rows = {});
 
 template <DrawModel M>
 DrawResult fit_draws(M& model, const DrawRun& run) {
@@ -282,7 +290,14 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   const std::int64_t window =
       std::max<std::int64_t>(2, run.stop.max_iter / (10 * std::int64_t{sc.elbo_every}));
   const double scale = static_cast<double>(run.global_rows) / static_cast<double>(sc.batch_size);
-  const ElboRows er = elbo_rows(run, sc);
+  // Every rank's first row, then N: each minibatch then carries every rank's first group, and
+  // its reduction needs no exchange of sizes (one collective a step fewer).
+  std::vector<std::int64_t> rank_rows = comm.allgather(run.rows.begin);
+  rank_rows.push_back(run.global_rows);
+  comm.raise_if_any(rank_rows[static_cast<std::size_t>(comm.rank()) + 1] == run.rows.end
+                        ? ""
+                        : "internal: the ranks' rows are not one partition in rank order");
+  const ElboRows er = elbo_rows(run, sc, rank_rows);
   bool warned = false;
   for (std::int64_t t = t0; t < run.stop.max_iter; ++t) {
     boundary(t);
@@ -293,7 +308,8 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
     Groups groups;
     parallel_blocks(2, 1, std::min(2, max_threads()), [&](int, std::int64_t b, std::int64_t) {
       if (b == 0)
-        groups = detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t);
+        groups = detail::minibatch_groups(run.global_rows, run.rows, sc.batch_size, sc.seed, t,
+                                          rank_rows);
       else
         model.set_draws(DrawKind::kGradient, t);
     });

@@ -176,13 +176,42 @@ TEST(DrawsMpi, FullPassSumsAreRankInvariant) {
 }
 
 TEST(DrawsMpi, SparseMinibatchSumsAreRankInvariant) {
-  // Stratified positions: ranks without any, and (batch 70,000) several positions per row.
-  for (const std::int64_t batch : {1, 7, 300, 70000}) {
-    const std::int64_t n = 200 * kBlockRows + 5;
-    for (std::int64_t t = 0; t < 3; ++t)
-      expect_invariant(
-          n, [&](RowRange r) { return detail::minibatch_groups(n, r, batch, 42, t); },
-          "batch " + std::to_string(batch) + " step " + std::to_string(t));
+  // Stratified positions: ranks without any, and (batch 70,000) several positions per row. With
+  // every rank's rows given, reduce_draws computes the ranks' node counts itself (a wrong count
+  // ends the job); without, it exchanges them.
+  const Comm world = Comm::world();
+  for (const bool known : {false, true})
+    for (const std::int64_t batch : {1, 7, 300, 70000}) {
+      const std::int64_t n = 200 * kBlockRows + 5;
+      std::vector<std::int64_t> rank_rows;
+      if (known) {
+        for (int p = 0; p < world.size(); ++p)
+          rank_rows.push_back(partition_rows(n, world.size(), p).begin);
+        rank_rows.push_back(n);
+      }
+      for (std::int64_t t = 0; t < 3; ++t)
+        expect_invariant(
+            n, [&](RowRange r) { return detail::minibatch_groups(n, r, batch, 42, t, rank_rows); },
+            "batch " + std::to_string(batch) + " step " + std::to_string(t) +
+                (known ? ", counts known" : ""));
+    }
+}
+
+TEST(DrawsMpi, TreeNodesOfARangeAreThoseOfItsLeaves) {
+  // nodes_of pushes a range as its largest aligned subtrees; reduce_draws pushes leaves, runs of
+  // subtrees and threads' stacks: every way must leave the same number of nodes.
+  for (const std::int64_t total : {1, 2, 3, 7, 8, 37, 64, 100}) {
+    for (std::int64_t a = 0; a <= total; ++a)
+      for (std::int64_t b = a; b <= total; ++b) {
+        detail::TreeStack leaves(1, total);
+        for (std::int64_t g = a; g < b; ++g) {
+          *leaves.next() = 1;
+          leaves.push(0, g);
+        }
+        EXPECT_EQ(detail::TreeStack::nodes_of(a, b, total),
+                  static_cast<std::int64_t>(leaves.packed().size() / 3))
+            << "groups " << a << " to " << b << " of " << total;
+      }
   }
 }
 
@@ -204,9 +233,16 @@ TEST(DrawsMpi, MinibatchGroupsAreTheStratifiedPositions) {
                                       (static_cast<double>(n) / static_cast<double>(batch)))));
       }
       const std::int64_t third = n / 3 / kBlockRows * kBlockRows;
+      // Every shard's first group, as each shard computes them all.
+      const std::vector<std::int64_t> rank_rows{0, third, 2 * third, n, n};
+      std::vector<std::int64_t> rank_first;
+      for (const std::int64_t b : rank_rows)
+        rank_first.push_back(
+            std::count_if(pos.begin(), pos.end(), [&](std::int64_t p) { return p < b; }));
       for (const RowRange mine : {RowRange{0, third}, RowRange{third, 2 * third},
                                   RowRange{2 * third, n}, RowRange{n, n}}) {
-        const Groups g = detail::minibatch_groups(n, mine, batch, 42, 3);
+        const Groups g = detail::minibatch_groups(n, mine, batch, 42, 3, rank_rows);
+        EXPECT_EQ(g.rank_first, rank_first) << n << " " << batch << " " << mine.begin;
         std::vector<std::int64_t> rows, offsets{0};
         std::int64_t first = 0;
         for (const std::int64_t p : pos) {
