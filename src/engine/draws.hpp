@@ -270,9 +270,13 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   res.trace = ck.trace();
   res.steps = t0;
   FitClock clock(ck.elapsed());
-  // Before step t + 1 (t steps done): a count boundary right after an ELBO estimate.
-  const auto boundary = [&](std::int64_t t) {
+  // Before step t + 1 (t steps done): a count boundary right after an ELBO estimate. The stop
+  // poll is a collective; a step can be a fifth of a millisecond, so it runs every kPollSteps
+  // steps (and at every count boundary): a signal or a timed checkpoint waits a few steps more.
+  constexpr std::int64_t kPollSteps = 16;
+  const auto boundary = [&](std::int64_t t, bool last) {
     const bool estimate = t > 0 && t % sc.elbo_every == 0;
+    if (!estimate && !last && t % kPollSteps != 0) return;
     ck.boundary(
         {static_cast<int>(res.trace.objective.size()), !estimate,
          "before step " + std::to_string(t + 1)},
@@ -300,7 +304,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   const ElboRows er = elbo_rows(run, sc, rank_rows);
   bool warned = false;
   for (std::int64_t t = t0; t < run.stop.max_iter; ++t) {
-    boundary(t);
+    boundary(t, false);
     const detail::Stopwatch local;
     // The step's minibatch and draws depend on neither each other nor the data: with two
     // threads, at once (every rank repeats them, and the other thread would only wait). Two
@@ -347,7 +351,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
       break;
     }
   }
-  if (res.steps == run.stop.max_iter && !res.converged) boundary(res.steps);
+  if (res.steps == run.stop.max_iter && !res.converged) boundary(res.steps, true);
   if (avg_count > 0)
     for (std::int64_t i = 0; i < n_lambda; ++i)
       lambda[static_cast<std::size_t>(i)] =
