@@ -67,8 +67,8 @@ inline std::array<double, 2> box_muller(double u1, double u2) {
 // multiply-adds of two inlined copies differently).
 [[gnu::noinline]] void box_muller4(const double* u, double* z) {
   const Vec4 a = vload<Vec4>(u), b = vload<Vec4>(u + 4);
-  const Vec4 u1 = __builtin_shuffle(a, b, Vec4u{0, 2, 4, 6}),
-             u2 = __builtin_shuffle(a, b, Vec4u{1, 3, 5, 7});
+  const Vec4 u1 = __builtin_shufflevector(a, b, 0, 2, 4, 6),
+             u2 = __builtin_shufflevector(a, b, 1, 3, 5, 7);
   const Vec4 squared = -2.0 * math::fast::log(u1);
   Vec4 radius;
 #if defined(__AVX2__)
@@ -79,8 +79,8 @@ inline std::array<double, 2> box_muller(double u1, double u2) {
   Vec4 c, s;
   math::fast::cos_sin_turn(u2, c, s);
   const Vec4 zc = radius * c, zs = radius * s;
-  vstore(z, __builtin_shuffle(zc, zs, Vec4u{0, 4, 1, 5}));
-  vstore(z + 4, __builtin_shuffle(zc, zs, Vec4u{2, 6, 3, 7}));
+  vstore(z, __builtin_shufflevector(zc, zs, 0, 4, 1, 5));
+  vstore(z + 4, __builtin_shufflevector(zc, zs, 2, 6, 3, 7));
 }
 
 #if defined(__AVX2__)
