@@ -12,6 +12,14 @@ namespace caviar::engine::detail {
 
 namespace {
 
+// The level l of the largest whole subtree of the sum tree that starts at group g and holds at
+// most `room` groups: node (l, g / 2^l).
+int subtree_level(std::int64_t g, std::int64_t room) {
+  int l = 0;
+  while ((g & ((std::int64_t{2} << l) - 1)) == 0 && (std::int64_t{2} << l) <= room) ++l;
+  return l;
+}
+
 int tree_top(std::int64_t total) {
   int top = 0;
   while ((std::int64_t{1} << top) < total) ++top;
@@ -85,8 +93,7 @@ std::int64_t TreeStack::nodes_of(std::int64_t begin, std::int64_t end, std::int6
   // per node.
   TreeStack tree(1, total);
   for (std::int64_t g = begin; g < end;) {
-    int l = 0;
-    while ((g & ((std::int64_t{2} << l) - 1)) == 0 && g + (std::int64_t{2} << l) <= end) ++l;
+    const int l = subtree_level(g, end - g);
     *tree.next() = 0;
     tree.push(l, g >> l);
     g += std::int64_t{1} << l;
@@ -140,9 +147,7 @@ DrawSums reduce_draws(
         // The largest whole subtree of the sum tree that starts at this group and ends inside
         // the run, node (l, g / 2^l), from the model at once (a leaf: one block).
         const std::int64_t g = groups.first + k;
-        int l = 0;
-        if (node)
-          while ((g & ((std::int64_t{2} << l) - 1)) == 0 && k + (std::int64_t{2} << l) <= end) ++l;
+        const int l = node ? subtree_level(g, end - k) : 0;
         const std::span<double> out(tree.next(), static_cast<std::size_t>(r));
         if (l == 0) {
           block(groups.group(k), out);
