@@ -407,6 +407,36 @@ INSTANTIATE_TEST_SUITE_P(All, BbviFamily,
                            return to_string(p.param);
                          });
 
+TEST(BbviFullRank, ReparameterisationGradientIsEachSumOverTheDrawsInOrder) {
+  // The full-rank kernel sums over the draws for many entries of L at once, in vector lanes,
+  // with lanes past the row's end computed and dropped. Every entry must still be its own sum
+  // over k = 0, 1, ... of fused multiply-adds from zero, for every row length: against that sum
+  // written out one entry at a time.
+  for (const int p : {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 18, 19, 20, 31, 33, 50}) {
+    for (const int s : {1, 3, 8, 11}) {
+      const Family q(FamilyKind::kFullRank, p, 0);
+      const Vec l = normals(static_cast<std::size_t>(q.n_params()), 40, 0.3);
+      const Vec eps = normals(static_cast<std::size_t>(s * q.n_noise()), 41);
+      const Vec gt = normals(static_cast<std::size_t>(s * p), 42);
+      Vec g(l.size(), 0.0);
+      q.add_reparam_grad(l, eps, gt, g);
+      const auto at = [&](int k, int i) { return gt[std::size_t(k * p + i)]; };
+      for (int i = 0; i < p; ++i) {
+        double mu = 0;
+        for (int k = 0; k < s; ++k) mu += at(k, i);
+        ASSERT_EQ(g[std::size_t(i)], mu) << "p " << p << " s " << s << " mu " << i;
+        const std::size_t row = std::size_t(p) + std::size_t(i) * std::size_t(i + 1) / 2;
+        for (int j = 0; j <= i; ++j) {
+          double sum = 0;
+          for (int k = 0; k < s; ++k) sum = std::fma(at(k, i), eps[std::size_t(k * p + j)], sum);
+          if (j == i) sum *= std::exp(l[row + std::size_t(i)]);
+          ASSERT_EQ(g[row + std::size_t(j)], sum) << "p " << p << " s " << s << " L " << i << j;
+        }
+      }
+    }
+  }
+}
+
 // Target log p(theta) = c - (theta - m)^T A (theta - m) / 2: E_q log p = c - ((mu - m)^T A
 // (mu - m) + tr(A Sigma)) / 2 in closed form, so the exact ELBO gradient is a finite difference
 // away. The constant c does not change the gradient, but it does change the score estimator's

@@ -187,11 +187,11 @@ void Family::draw(std::span<const double> lambda, std::span<const double> eps,
           const double* r0 = v + tri(int(i));
           const double* r1 = two ? v + tri(int(i + 1)) : r0;
           Vec4 a0[2], a1[2];
+          const Vec4 l0 = splat<Vec4>(std::exp(r0[i]));
+          const Vec4 l1 = splat<Vec4>(two ? std::exp(r1[i + 1]) : 0.0);
           for (int h = 0; h < 2; ++h) {
-            a0[h] = vfma(splat<Vec4>(std::exp(r0[i])), at(i, h), splat<Vec4>(mu[i]));
-            a1[h] =
-                two ? vfma(splat<Vec4>(std::exp(r1[i + 1])), at(i + 1, h), splat<Vec4>(mu[i + 1]))
-                    : Vec4{};
+            a0[h] = vfma(l0, at(i, h), splat<Vec4>(mu[i]));
+            a1[h] = two ? vfma(l1, at(i + 1, h), splat<Vec4>(mu[i + 1])) : Vec4{};
           }
           for (std::size_t j = 0; j < i; ++j)
             for (int h = 0; h < 2; ++h) {
@@ -341,8 +341,15 @@ void Family::add_reparam_grad(std::span<const double> lambda, std::span<const do
   const auto n = static_cast<std::size_t>(n_noise());
   double* g = grad.data();
   double* gv = g + p_;
-  // Each sum over the draws is taken first (draw 0, 1, ...) and then added to grad.
-  for (std::size_t i = 0; i < p; ++i) {
+  // Each sum over the draws is taken first (draw 0, 1, ...) and then added to grad; four
+  // parameters at a time in vector lanes, the same additions lane by lane.
+  std::size_t i0 = 0;
+  for (; i0 + 4 <= p; i0 += 4) {
+    Vec4 sum{};
+    for (std::size_t k = 0; k < s; ++k) sum += vload<Vec4>(&g_theta[k * p + i0]);
+    vstore(g + i0, vload<Vec4>(g + i0) + sum);
+  }
+  for (std::size_t i = i0; i < p; ++i) {
     double sum = 0;
     for (std::size_t k = 0; k < s; ++k) sum += g_theta[k * p + i];
     g[i] += sum;
@@ -356,16 +363,40 @@ void Family::add_reparam_grad(std::span<const double> lambda, std::span<const do
       }
       break;
     case FamilyKind::kFullRank: {
-      // Row i of L: sum_k g_ki eps_kj for j <= i, four j at a time, then L_ii's chain rule
-      // through its logarithm on the diagonal.
-      std::vector<double> row(p + 4);
+      // Row i of L: sum_k g_ki eps_kj for j <= i, then L_ii's chain rule through its logarithm
+      // on the diagonal. Up to sixteen j at once, in four vectors: independent chains of fused
+      // multiply-adds, where one chain would wait on each one's latency. A row's last vector
+      // may run past j = i (each lane's sum is its own; the extra lanes are not used), so that
+      // only the rows whose vectors would run past eps's row sum j one at a time. Every sum runs
+      // over k in the same order in either case.
+      std::vector<double> row(p + 16);
+      const auto pass = [&]<int NB>(std::size_t i, std::size_t j) {
+        Vec4 acc[NB] = {};
+        for (std::size_t k = 0; k < s; ++k) {
+          const Vec4 gk = splat<Vec4>(g_theta[k * p + i]);
+          for (int h = 0; h < NB; ++h)
+            acc[h] = vfma(gk, vload<Vec4>(&eps[k * n + j + 4 * std::size_t(h)]), acc[h]);
+        }
+        for (int h = 0; h < NB; ++h) vstore(&row[j + 4 * std::size_t(h)], acc[h]);
+      };
       for (std::size_t i = 0; i < p; ++i) {
         std::size_t j = 0;
-        for (; j + 4 <= i + 1; j += 4) {
-          Vec4 acc{};
-          for (std::size_t k = 0; k < s; ++k)
-            acc = vfma(splat<Vec4>(g_theta[k * p + i]), vload<Vec4>(&eps[k * n + j]), acc);
-          vstore(&row[j], acc);
+        for (; j <= i; j += 16) {
+          const std::size_t nb = std::min<std::size_t>(4, (i + 1 - j + 3) / 4);
+          if (j + 4 * nb > n) break;
+          switch (nb) {
+            case 4:
+              pass.template operator()<4>(i, j);
+              break;
+            case 3:
+              pass.template operator()<3>(i, j);
+              break;
+            case 2:
+              pass.template operator()<2>(i, j);
+              break;
+            default:
+              pass.template operator()<1>(i, j);
+          }
         }
         for (; j <= i; ++j) {
           double acc = 0;
