@@ -15,7 +15,12 @@
 #                     half their sd; the time is the first estimate's step at or above it times
 #                     that side's seconds per step.
 #   scaling           caviar at 1 and 2 ranks x 1 thread on N = 10^7 (4 GB of doubles; skipped
-#                     with SCALING_N=0), seconds per step as above; efficiency t1 / (2 t2).
+#                     with SCALING_N=0), seconds per step as above; efficiency t1 / (2 t2). Each
+#                     rank is bound to a core (1 rank: core 0; 2 ranks: cores 0 and 1), so that
+#                     every run has the same placement. On the VM of docs/experiments/bbvi.md
+#                     each vCPU ran the fit at one of two speeds (about 0.40 or 0.60 ms a step at
+#                     1 rank), switching from minute to minute: print the per-rank local times
+#                     (the JSON's local_seconds_max and _min) before reading an efficiency.
 #
 # usage: bench/bbvi_vs_torch.sh [CAVIAR_BIN] [STEPS (timing runs, 1000)] [WORKDIR]
 # Needs: scripts/install_bench_deps.sh (python3-torch), a built caviar.
@@ -37,8 +42,8 @@ gen() {  # gen N FILE
 }
 fit() {  # fit DATA LOG THREADS RANKS STEPS ELBO_EVERY ELBO_ROWS ELBO_SAMPLES: JSON on stdout
   # Open MPI binds each rank to one core by default (<= 2 ranks): both threads of a 1 x 2 run
-  # would share one core.
-  OMP_NUM_THREADS="$3" mpirun -n "$4" --bind-to none -x OMP_NUM_THREADS "$caviar" bbvi fit \
+  # would share one core. BIND=core binds the 1-thread ranks of the scaling runs.
+  OMP_NUM_THREADS="$3" mpirun -n "$4" --bind-to "${BIND:-none}" -x OMP_NUM_THREADS "$caviar" bbvi fit \
     --model logistic \
     --family fullrank --estimator reparam --data "$1:/X" --response "$1:/y" --batch-size 1024 \
     --samples 8 --lr 0.01 --max-iter "$5" --tol 0 --elbo-every "$6" --elbo-rows "$7" \
@@ -63,7 +68,7 @@ if [[ "$scaling_n" != 0 ]]; then
   gen "$scaling_n" "$big"
   for r in $(seq "$rounds"); do
     for ranks in 1 2; do
-      fit "$big" "$work/scale${ranks}_$r.log" 1 "$ranks" "$steps" 100 1024 1 \
+      BIND=core fit "$big" "$work/scale${ranks}_$r.log" 1 "$ranks" "$steps" 100 1024 1 \
         >"$work/scale${ranks}_$r.json"
     done
   done
@@ -115,7 +120,10 @@ for r in range(1, rounds + 1):
 if big:
     for r in range(1, rounds + 1):
         s1, s2 = (per_step(f"{work}/scale{k}_{r}.log") for k in (1, 2))
-        print(f"N = {big}, round {r}: 1 rank {s1 * 1e3:.2f} ms/step, "
-              f"2 ranks {s2 * 1e3:.2f} ms/step, "
+        j1, j2 = (json.load(open(f"{work}/scale{k}_{r}.json")) for k in (1, 2))
+        loc = lambda j, k: j[f"local_seconds_{k}"] / j["steps"] * 1e3
+        print(f"N = {big}, round {r}: 1 rank {s1 * 1e3:.2f} ms/step "
+              f"(local {loc(j1, 'max'):.2f}), 2 ranks {s2 * 1e3:.2f} ms/step "
+              f"(local, slower rank {loc(j2, 'max'):.2f}, faster {loc(j2, 'min'):.2f}), "
               f"efficiency {s1 / (2 * s2):.2f}")
 EOF
