@@ -120,12 +120,13 @@ void Checkpointer::boundary(int iteration, const Trace& trace, double elapsed,
   boundary(Position{iteration, false, ""}, trace, elapsed, save, rows, counters, {});
 }
 
-void Checkpointer::boundary(const Position& at, const Trace& trace, double elapsed,
-                            const std::function<void(StateWriter&)>& save,
-                            std::span<const RowState> rows, std::span<const Counter> counters,
-                            const std::function<void(StateWriter&)>& save_driver) {
+std::int64_t Checkpointer::boundary(const Position& at, const Trace& trace, double elapsed,
+                                    const std::function<void(StateWriter&)>& save,
+                                    std::span<const RowState> rows,
+                                    std::span<const Counter> counters,
+                                    const std::function<void(StateWriter&)>& save_driver) {
   // -1 completed: the poller never saves by count inside a pass.
-  const ckpt::StopPoller::Decision d = poller_.poll(at.mid_pass ? -1 : at.iteration);
+  const ckpt::StopPoller::Decision d = poller_.poll(at.mid_pass ? -1 : at.iteration, at.propose);
   if (d.save && !files_.checkpoint.empty()) {
     write(at.iteration, trace, elapsed, save, rows, counters, save_driver);
     poller_.saved();
@@ -134,6 +135,7 @@ void Checkpointer::boundary(const Position& at, const Trace& trace, double elaps
     ckpt::stop(d.signal,
                at.where.empty() ? "before iteration " + std::to_string(at.iteration) : at.where,
                files_.checkpoint);
+  return d.proposed;
 }
 
 void Checkpointer::write(int iteration, const Trace& trace, double elapsed,

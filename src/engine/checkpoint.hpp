@@ -55,6 +55,7 @@ struct Position {
   int iteration = 0;
   bool mid_pass = false;
   std::string where;
+  std::int64_t propose = 0;  // rank 0's value that boundary() returns on every rank
 };
 
 class Checkpointer {
@@ -85,11 +86,12 @@ class Checkpointer {
   void boundary(int iteration, const Trace& trace, double elapsed,
                 const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
                 std::span<const Counter> counters = {});
-  // The same at any Position, with the driver's own state (save_driver may be empty).
-  void boundary(const Position& at, const Trace& trace, double elapsed,
-                const std::function<void(StateWriter&)>& save, std::span<const RowState> rows,
-                std::span<const Counter> counters,
-                const std::function<void(StateWriter&)>& save_driver);
+  // The same at any Position, with the driver's own state (save_driver may be empty). Returns
+  // rank 0's at.propose, on every rank.
+  std::int64_t boundary(const Position& at, const Trace& trace, double elapsed,
+                        const std::function<void(StateWriter&)>& save,
+                        std::span<const RowState> rows, std::span<const Counter> counters,
+                        const std::function<void(StateWriter&)>& save_driver);
 
  private:
   void write(int iteration, const Trace& trace, double elapsed,

@@ -249,6 +249,13 @@ class Strata {
 
 }  // namespace
 
+std::int64_t poll_stride(double seconds, std::int64_t steps) {
+  if (steps <= 0 || !(seconds > 0)) return 1;
+  const double per_step = seconds / static_cast<double>(steps);
+  return static_cast<std::int64_t>(
+      std::clamp(std::floor(kPollSeconds / per_step), 1.0, static_cast<double>(kPollSteps)));
+}
+
 Groups minibatch_groups(std::int64_t n, RowRange rows, std::int64_t batch, std::uint64_t seed,
                         std::int64_t t, std::span<const std::int64_t> rank_rows) {
   // Stratified positions, one in each of `batch` strata of w = n / batch rows (Cochran 1977,

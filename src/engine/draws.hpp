@@ -170,6 +170,14 @@ class TreeStack {
   std::vector<double> values_;  // ids_.size() + 1 slots of width_ values
 };
 
+// The steps from one stop poll to the next (fit_draws): as many as take about kPollSeconds at the
+// pace since the previous poll (`steps` steps in `seconds`), between 1 and kPollSteps. The poll
+// is a collective, so it is not worth making every step when a step is a fifth of a millisecond;
+// a step of a second would otherwise hold a SIGTERM for kPollSteps seconds.
+inline constexpr std::int64_t kPollSteps = 16;
+inline constexpr double kPollSeconds = 0.01;
+std::int64_t poll_stride(double seconds, std::int64_t steps);
+
 // Step t's minibatch on this rank: the stratified positions inside `rows`, as local indices, one
 // group per position (groups.total = batch). With rank_rows (every rank's first row in rank
 // order, then n; the ranks' rows one contiguous partition), also every rank's first group.
@@ -271,15 +279,19 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
   res.steps = t0;
   FitClock clock(ck.elapsed());
   // Before step t + 1 (t steps done): a count boundary right after an ELBO estimate. The stop
-  // poll is a collective; a step can be a fifth of a millisecond, so it runs every kPollSteps
-  // steps (and at every count boundary): a signal or a timed checkpoint waits a few steps more.
-  constexpr std::int64_t kPollSteps = 16;
+  // poll is a collective: it runs at every count boundary, at the end, and otherwise every
+  // detail::poll_stride steps, which rank 0 proposes from its pace since the previous poll and
+  // the poll itself carries to every rank.
+  std::int64_t next_poll = t0, polled_at = t0;
+  double polled_seconds = clock.elapsed();
   const auto boundary = [&](std::int64_t t, bool last) {
     const bool estimate = t > 0 && t % sc.elbo_every == 0;
-    if (!estimate && !last && t % kPollSteps != 0) return;
-    ck.boundary(
+    if (!estimate && !last && t < next_poll) return;
+    const double now = clock.elapsed();
+    const std::int64_t stride = ck.boundary(
         {static_cast<int>(res.trace.objective.size()), !estimate,
-         "before step " + std::to_string(t + 1)},
+         "before step " + std::to_string(t + 1),
+         detail::poll_stride(now - polled_seconds, t - polled_at)},
         res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {}, counters,
         [&](StateWriter& w) {
           opt.save(w);
@@ -289,6 +301,9 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
             w.array("average_sum", avg_sum, Dims{static_cast<std::uint64_t>(n_lambda)});
           }
         });
+    next_poll = t + std::max<std::int64_t>(1, stride);
+    polled_at = t;
+    polled_seconds = now;
   };
   double local_seconds = 0, reduce_seconds = 0;
   const std::int64_t window =

@@ -1,5 +1,6 @@
 #include "inference/checkpoint.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -223,15 +224,21 @@ void check_resume(const Comm& comm, const std::string& resume) {
 StopPoller::StopPoller(const Comm& comm, Every every)
     : comm_(comm), every_(every), last_save_(now_seconds()) {}
 
-StopPoller::Decision StopPoller::poll(std::int64_t done) {
+StopPoller::Decision StopPoller::poll(std::int64_t done, std::int64_t propose) {
   // Encoded as 2 * signal + due, so that one max carries both: any signal wins (and implies a
-  // save); otherwise only rank 0 contributes `due`.
+  // save); otherwise only rank 0 contributes `due`. The second value is rank 0's proposal (the
+  // others send 0; a max of small integers in doubles is exact).
   std::int64_t due = 0;
   if (comm_.is_root() && every_.seconds > 0 && now_seconds() - last_save_ >= every_.seconds)
     due = 1;
   const std::int64_t mine = 2 * static_cast<std::int64_t>(StopSignals::received()) + due;
-  const std::int64_t all = comm_.allreduce_max(mine);
+  const double proposal =
+      comm_.is_root() ? static_cast<double>(std::clamp<std::int64_t>(propose, 0, kMaxProposal)) : 0;
+  double buf[2] = {static_cast<double>(mine), proposal};
+  comm_.allreduce_max(std::span<double>(buf, 2));
+  const auto all = static_cast<std::int64_t>(buf[0]);
   Decision d;
+  d.proposed = static_cast<std::int64_t>(buf[1]);
   d.signal = static_cast<int>(all / 2);
   d.save = d.signal != 0 || (all & 1) != 0 ||
            (every_.iterations > 0 && done > 0 && done != skip_ && done % every_.iterations == 0);

@@ -125,12 +125,16 @@ class StopPoller {
  public:
   StopPoller(const Comm& comm, Every every);
   struct Decision {
-    int signal = 0;     // SIGTERM / SIGUSR1 received on some rank: checkpoint and stop
-    bool save = false;  // write a checkpoint (always true when signal != 0)
+    int signal = 0;             // SIGTERM / SIGUSR1 received on some rank: checkpoint and stop
+    bool save = false;          // write a checkpoint (always true when signal != 0)
+    std::int64_t proposed = 0;  // rank 0's `propose`, the same on every rank
   };
   // done: iterations (or steps) completed so far; the boundary given to skip_count_at (the one a
-  // run resumed at) never saves by count.
-  Decision poll(std::int64_t done);
+  // run resumed at) never saves by count. propose: a value of rank 0's (the others' is ignored),
+  // clamped to [0, kMaxProposal], that the poll carries to every rank, such as the steps until
+  // the next poll.
+  static constexpr std::int64_t kMaxProposal = std::int64_t{1} << 40;
+  Decision poll(std::int64_t done, std::int64_t propose = 0);
   void saved();  // restart the clock of --checkpoint-every Ts
   void skip_count_at(std::int64_t done) { skip_ = done; }
 

@@ -15,6 +15,7 @@
 #include "core/partition.hpp"
 #include "core/rng.hpp"
 #include "engine/draws.hpp"
+#include "inference/checkpoint.hpp"
 
 namespace caviar::engine {
 namespace {
@@ -293,6 +294,30 @@ TEST(DrawsMpi, NonFiniteDrawIsDroppedOnEveryRank) {
       });
   EXPECT_EQ(d.dropped, 1);
   EXPECT_EQ(d.kept, (std::vector<std::uint8_t>{1, 0, 1}));
+}
+
+TEST(DrawsMpi, PollStrideTakesAboutKPollSecondsWithinOneAndKPollSteps) {
+  // 16 steps of 0.2 ms: more than 16 would fit in kPollSeconds, so the cap.
+  EXPECT_EQ(detail::poll_stride(16 * 0.2e-3, 16), detail::kPollSteps);
+  // 1 ms a step: kPollSeconds / 1 ms = 10.
+  EXPECT_EQ(detail::poll_stride(4 * 1e-3, 4), 10);
+  // A second a step: every step, so that a SIGTERM waits one step, not sixteen.
+  EXPECT_EQ(detail::poll_stride(3.0, 3), 1);
+  // No pace yet (the first poll of a run) or no clock: every step until there is one.
+  EXPECT_EQ(detail::poll_stride(0.0, 0), 1);
+  EXPECT_EQ(detail::poll_stride(0.0, 5), 1);
+}
+
+TEST(DrawsMpi, StopPollCarriesRankZerosProposalToEveryRank) {
+  // Every rank proposes its own value; every rank gets rank 0's (7), and no save or signal.
+  const Comm world = Comm::world();
+  ckpt::StopPoller poller(world, ckpt::Every{});
+  const ckpt::StopPoller::Decision d = poller.poll(3, world.rank() == 0 ? 7 : 100 + world.rank());
+  EXPECT_EQ(d.proposed, 7);
+  EXPECT_EQ(d.signal, 0);
+  EXPECT_FALSE(d.save);
+  // Out of range: clamped on rank 0.
+  EXPECT_EQ(poller.poll(4, -5).proposed, 0);
 }
 
 }  // namespace
