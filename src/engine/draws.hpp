@@ -292,7 +292,7 @@ DrawResult fit_draws(M& model, const DrawRun& run) {
         {static_cast<int>(res.trace.objective.size()), !estimate,
          "before step " + std::to_string(t + 1),
          detail::poll_stride(now - polled_seconds, t - polled_at)},
-        res.trace, clock.elapsed(), [&](StateWriter& w) { model.save(w); }, {}, counters,
+        res.trace, now, [&](StateWriter& w) { model.save(w); }, {}, counters,
         [&](StateWriter& w) {
           opt.save(w);
           w.attr("steps_done", t);
