@@ -32,7 +32,8 @@ from scipy.special import digamma, gammaln, multigammaln
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
-from hmm_reference import expected_counts, log_gauss, read_data, read_model, write_data  # noqa: E402
+from hmm_reference import (expected_counts, forward_backward, log_gauss, read_data,  # noqa: E402
+                           read_model, write_data)
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
@@ -412,6 +413,31 @@ score = summary(run(["hmm", "score", "--model", path(f"rec_{best[1]}.h5"), "--da
 check(abs(score["log_likelihood"] - rec["trace"][-1]) < 1e-9 * abs(score["log_likelihood"]),
       "hmm score of the fitted model == the fit's last log-likelihood")
 
+# --- posteriors against NumPy ---------------------------------------------------------------------
+def gauss_logb(x, m):
+    """Log densities of every step (T x K) under the model's Gaussians, vectorised over steps."""
+    out = np.empty((len(x), len(m["means"])))
+    for k, (mu, cov) in enumerate(zip(m["means"], m["covariances"])):
+        d = x - mu
+        out[:, k] = -0.5 * (x.shape[1] * np.log(2 * np.pi) + np.linalg.slogdet(cov)[1]
+                            + np.sum(d * np.linalg.solve(cov, d.T).T, axis=1))
+    return out
+
+
+def check_posteriors(data, m, g, what):
+    ref = np.concatenate([forward_backward(m["startprob"], m["transmat"], gauss_logb(x, m))[1]
+                          for x in read_data(data)])
+    err = np.abs(g - ref).max() if g.shape == ref.shape else np.inf
+    check(err < 1e-9, f"{what} == NumPy's scaled forward-backward under the written model "
+                      f"(max difference {err:.3g})")
+
+
+fit(path("gau.h5"), ["--states", "3", "--emission", "gaussian", "--max-iter", "4",
+                     "--posteriors", path("gau_p.h5")], path("gau_m.h5"), 2)
+with h5py.File(path("gau_p.h5"), "r") as h:
+    check_posteriors(path("gau.h5"), read_model(path("gau_m.h5")), h["posteriors"][()],
+                     "EM posteriors of short sequences at 2 ranks")
+
 # --- a 10^5-step sequence ------------------------------------------------------------------------
 run(["-q", "generate", "hmm", "--sequences", "1", "--length", "100000-100000", "--states", "3",
      "--emission", "gaussian", "--dim", "2", "--seed", "7", "--out", path("long.h5")])
@@ -424,6 +450,10 @@ for alg in ("em", "cavi"):
     check(np.all(np.isfinite(m["trace"])) and np.all(np.isfinite(g)) and g.shape == (100000, 3)
           and np.all(np.isfinite(m["transmat"])),
           f"{alg}: a 10^5-step sequence stays finite (objective {m['trace'][-1]:.6g})")
+    if alg == "em":
+        # A sequence this long keeps the forward's alpha in the posteriors' own rows (the
+        # in-place backward); the short sequences of gau.h5 do not.
+        check_posteriors(path("long.h5"), m, g, "posteriors of a 10^5-step sequence")
 sc = summary(run(["hmm", "score", "--model", path("long_m.h5"), "--data", path("long.h5")]))
 check(np.isfinite(sc["log_likelihood"]), "score of a 10^5-step sequence is finite")
 

@@ -668,15 +668,29 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   const auto emission = [&](std::int64_t t) -> const double* {
     return sym ? &emit_scaled_(sym[t], 0) : &w.b(t, 0);
   };
+  // Where gamma is written out and no statistics are asked for (Model::posteriors), and alpha
+  // would not stay in the caches (a long sequence), the forward keeps alpha_t in gamma's own rows
+  // and the backward turns each into gamma_t = alpha_t o beta_t in place (it needs alpha_{t-1}
+  // only for the expected transitions): one T x K array goes to memory and back instead of two.
+  // A short sequence keeps alpha in the thread's array, which stays in the cache from one
+  // sequence to the next, and writes gamma once. The values are the same either way.
+  constexpr std::int64_t kInPlaceBytes = 256 << 10;
+  const bool in_place = gamma && !stats && T * K * std::int64_t{sizeof(double)} > kInPlaceBytes;
+  double* const alpha = in_place ? gamma : w.alpha.data();
+  // The log-likelihood alone (no statistics, no gamma) needs only alpha_{t-1} at step t: two rows
+  // (beta's, unused until the backward) in turn, which stay in the L1 cache.
+  const bool ring = !stats && !gamma;
+  const auto alpha_row = [&](std::int64_t t) { return ring ? &w.beta(t & 1, 0) : alpha + t * K; };
+  constexpr std::int64_t kAhead = 8;
   // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
   for (std::int64_t t = 0; t < T; ++t) {
-    double* a = &w.alpha(t, 0);
+    double* a = alpha_row(t);
     const double* b = emission(t);
     if (t == 0) {
       for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
     } else {
-      vec_mat(&w.alpha(t - 1, 0), a_.data(), K, b, a);
+      vec_mat(alpha_row(t - 1), a_.data(), K, b, a);
     }
     const double c = sum_fixed(a, K);
     if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
@@ -694,8 +708,8 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   // added kPairs steps at a time (outer_add); so are the Gaussian moments (Bishop 2006, eqs
   // 13.20-13.21 need sum_t gamma_t(k) x_t and sum_t gamma_t(k) x_t x_t'), as sum_t f_t gamma_t'
   // with f_t = [x_t, the upper triangle of x_t x_t'] (diag: the squares of x_t). Only alpha (and
-  // gamma where it is asked for) is a T x K array, read once here: one pass instead of one per
-  // quantity.
+  // gamma where it is asked for, in the same rows for a long sequence) is a T x K array, read once
+  // here: one pass instead of one per quantity.
   const bool moments = stats && v_ == 0;
   const bool diag = cfg_.covariance == Covariance::kDiag;
   // Full covariances keep the upper triangle of x_t x_t' (packed row by row), diag its diagonal.
@@ -721,20 +735,20 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   const double* pf[kPairs];
   const double* pg[kPairs];
   int pending = 0, mpending = 0;
-  constexpr std::int64_t kAhead = 8;
   const double* x = moments ? &s.x(t0, 0) : nullptr;
   double* be = &w.beta(0, 0);
   double* be_prev = &w.beta(1, 0);
   std::fill_n(be, K, 1.0);
-  // gamma (where it is written out, Model::posteriors) goes to memory outside the caches, row by
+  // gamma, where it is written out apart from alpha, goes to memory outside the caches, row by
   // row in descending order: its rows are asked for, for writing, kAhead steps ahead as well, and
   // the sweep's first kAhead before it starts. Over many short sequences the hardware prefetchers
   // never caught up with these short descending streams of stores.
-  if (gamma)
+  double* const gamma_apart = gamma && !in_place ? gamma : nullptr;
+  if (gamma_apart)
     for (std::int64_t t = std::max<std::int64_t>(0, T - kAhead); t < T; ++t)
-      for (int k = 0; k < K; k += 8) __builtin_prefetch(gamma + t * K + k, 1);
+      for (int k = 0; k < K; k += 8) __builtin_prefetch(gamma_apart + t * K + k, 1);
   for (std::int64_t t = T - 1; t >= 0; --t) {
-    const double* a = &w.alpha(t, 0);
+    const double* a = alpha + t * K;
     double* g = gamma ? gamma + t * K : moments ? &w.gr(mpending, 0) : w.g_row.data();
     for (int k = 0; k < K; ++k) g[k] = a[k] * be[k];
     if (stats) {
@@ -770,11 +784,14 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     if (t >= kAhead) {
       // The sweep runs backwards through arrays larger than the caches: ask for the rows it
       // reaches kAhead steps later (the hardware prefetchers follow descending streams late).
-      const double* ra = &w.alpha(t - kAhead, 0);
+      const double* ra = alpha + (t - kAhead) * K;
       const double* rb = sym ? nullptr : &w.b(t - kAhead, 0);
-      double* rg = gamma ? gamma + (t - kAhead) * K : nullptr;
+      double* rg = gamma_apart ? gamma_apart + (t - kAhead) * K : nullptr;
       for (int k = 0; k < K; k += 8) {
-        __builtin_prefetch(ra + k);
+        if (in_place)
+          __builtin_prefetch(ra + k, 1);  // the row becomes gamma_t: asked for, for writing
+        else
+          __builtin_prefetch(ra + k);
         if (rb) __builtin_prefetch(rb + k);
         if (rg) __builtin_prefetch(rg + k, 1);
       }
@@ -786,7 +803,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     vec_mat(u, a_tr_.data(), K, nullptr, be_prev);
     std::swap(be, be_prev);
     if (!stats) continue;
-    pa[pending] = &w.alpha(t - 1, 0);
+    pa[pending] = alpha + (t - 1) * K;
     pu[pending] = u;
     if (++pending == kPairs) {
       outer_add(pa, pu, pending, K, K, w.xi.data());
