@@ -573,12 +573,12 @@ Stats Model::make_stats() const {
 }
 
 void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
-                          Work& w) const {
+                          Work& w, double* out) const {
   const std::int64_t t0 = s.offsets[seq] + t1;
   if (v_ > 0) {
     for (std::int64_t t = 0; t < n; ++t) {
       const double* lb = &log_b_t_(s.symbols[static_cast<std::size_t>(t0 + t)], 0);
-      std::copy_n(lb, k_, &w.b(t1 + t, 0));
+      std::copy_n(lb, k_, out + t * k_);
     }
     return;
   }
@@ -587,7 +587,6 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1,
   w.y4.resize(static_cast<std::size_t>(d_));
   w.ys.resize(static_cast<std::size_t>(d_));
   const double* x = &s.x(t0, 0);
-  double* out = &w.b(t1, 0);
   // Small D: the whitened coordinates stay in registers.
   using Kernel = void (*)(const double*, std::int64_t, int, bool, const RowMatrix&, VecW*, Vec4*,
                           double*, double*);
@@ -601,60 +600,48 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1,
 void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
   const std::int64_t T = s.length(seq);
   for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk)
-    log_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w);
+    log_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, &w.b(t1, 0));
 }
 
-double Model::scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
-  const std::int64_t t0 = s.offsets[seq], T = s.length(seq);
-  double ll = 0;
-  if (v_ > 0) {
-    // The forward-backward reads each step's row of the table of B' with each symbol's row divided
-    // by its largest entry (made once per refresh: no logarithm or exponential per step); only
-    // the maxima are summed here.
-    for (std::int64_t t = 0; t < T; ++t)
-      ll += emit_max_[s.symbols[static_cast<std::size_t>(t0 + t)]];
-    return ll;
-  }
-  // Chunk by chunk, while the chunk's log emissions are still in the L1 cache: each step's less
-  // their maximum, exponentiated (math::fast::exp; the states below e^-708 of the most likely one
-  // are set to 0); the maxima go back into the log-likelihood.
+bool Model::scaled_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
+                             Work& w, double* out, double& lm) const {
+  // While the chunk's log emissions are still in the L1 cache: each step's less their maximum,
+  // exponentiated (math::fast::exp; the states below e^-708 of the most likely one are set to 0);
+  // the maxima go back into the log-likelihood.
   const int K = k_;
-  for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk) {
-    const std::int64_t n = std::min(kEmissionChunk, T - t1);
-    log_emissions(s, seq, t1, n, w);
-    for (std::int64_t t = t1; t < t1 + n; ++t) {
-      double* r = &w.b(t, 0);
-      double m = r[0];  // the maximum: four lanes, then the lanes and the tail
-      int k = 0;
-      if (K >= 4) {
-        Vec4 mv = vload<Vec4>(r);
-        for (k = 4; k + 4 <= K; k += 4) {
-          const Vec4 v = vload<Vec4>(r + k);
-          mv = v > mv ? v : mv;
-        }
-        m = std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3]));
+  log_emissions(s, seq, t1, n, w, out);
+  for (std::int64_t t = 0; t < n; ++t) {
+    double* r = out + t * K;
+    double m = r[0];  // the maximum: four lanes, then the lanes and the tail
+    int k = 0;
+    if (K >= 4) {
+      Vec4 mv = vload<Vec4>(r);
+      for (k = 4; k + 4 <= K; k += 4) {
+        const Vec4 v = vload<Vec4>(r + k);
+        mv = v > mv ? v : mv;
       }
-      for (; k < K; ++k) m = std::max(m, r[k]);
-      ll += m;
-      if (!std::isfinite(ll)) return -kInf;
-      for (k = 0; k + kLanes <= K; k += kLanes) {
-        const VecW e = math::fast::exp(vload<VecW>(r + k) - m);
-        std::memcpy(r + k, &e, sizeof e);
-      }
-      if (kLanes == 8 && k + 4 <= K) {
-        const Vec4 e = math::fast::exp(vload<Vec4>(r + k) - m);
-        std::memcpy(r + k, &e, sizeof e);
-        k += 4;
-      }
-      if (k < K) {
-        double tail[4] = {};
-        std::copy(r + k, r + K, tail);
-        const Vec4 e = math::fast::exp(vload<Vec4>(tail) - m);
-        std::memcpy(r + k, &e, sizeof(double) * static_cast<std::size_t>(K - k));
-      }
+      m = std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3]));
+    }
+    for (; k < K; ++k) m = std::max(m, r[k]);
+    lm += m;
+    if (!std::isfinite(lm)) return false;
+    for (k = 0; k + kLanes <= K; k += kLanes) {
+      const VecW e = math::fast::exp(vload<VecW>(r + k) - m);
+      std::memcpy(r + k, &e, sizeof e);
+    }
+    if (kLanes == 8 && k + 4 <= K) {
+      const Vec4 e = math::fast::exp(vload<Vec4>(r + k) - m);
+      std::memcpy(r + k, &e, sizeof e);
+      k += 4;
+    }
+    if (k < K) {
+      double tail[4] = {};
+      std::copy(r + k, r + K, tail);
+      const Vec4 e = math::fast::exp(vload<Vec4>(tail) - m);
+      std::memcpy(r + k, &e, sizeof(double) * static_cast<std::size_t>(K - k));
     }
   }
-  return ll;
+  return true;
 }
 
 double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
@@ -662,11 +649,22 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   const std::int64_t T = s.length(seq), t0 = s.offsets[seq];
   const int K = k_;
   w.reserve(T, K);
-  double ll = scaled_emissions(s, seq, w);
-  if (!std::isfinite(ll)) return -kInf;  // no state can emit some x_t
   const std::int32_t* sym = v_ > 0 ? s.symbols.data() + t0 : nullptr;
+  // The sum of the logarithms of each step's largest emission probability, which the scaled
+  // emissions are divided by. Categorical steps read the table of B' with each symbol's row
+  // divided by its largest entry (made once per refresh: no logarithm or exponential per step).
+  double ll = 0;
+  if (sym) {
+    for (std::int64_t t = 0; t < T; ++t) ll += emit_max_[sym[t]];
+    if (!std::isfinite(ll)) return -kInf;  // no state can emit some symbol
+  }
+  // The log-likelihood alone (no statistics, no gamma) needs only alpha_{t-1} and b_t at step t:
+  // two rows of alpha (beta's, unused until the backward) in turn, and one chunk of Gaussian
+  // emissions, all of which stay in the L1 cache.
+  const bool ring = !stats && !gamma;
+  const auto b_row = [&](std::int64_t t) { return &w.b(ring ? t % kEmissionChunk : t, 0); };
   const auto emission = [&](std::int64_t t) -> const double* {
-    return sym ? &emit_scaled_(sym[t], 0) : &w.b(t, 0);
+    return sym ? &emit_scaled_(sym[t], 0) : b_row(t);
   };
   // Where gamma is written out and no statistics are asked for (Model::posteriors), and alpha
   // would not stay in the caches (a long sequence), the forward keeps alpha_t in gamma's own rows
@@ -677,14 +675,16 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   constexpr std::int64_t kInPlaceBytes = 256 << 10;
   const bool in_place = gamma && !stats && T * K * std::int64_t{sizeof(double)} > kInPlaceBytes;
   double* const alpha = in_place ? gamma : w.alpha.data();
-  // The log-likelihood alone (no statistics, no gamma) needs only alpha_{t-1} at step t: two rows
-  // (beta's, unused until the backward) in turn, which stay in the L1 cache.
-  const bool ring = !stats && !gamma;
   const auto alpha_row = [&](std::int64_t t) { return ring ? &w.beta(t & 1, 0) : alpha + t * K; };
   constexpr std::int64_t kAhead = 8;
   // Forward, scaled (Rabiner 1989, section V.A; Bishop 2006, eq. 13.59): alpha_t = c_t^-1
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
+  // Gaussian emissions are made a chunk at a time as the forward reaches them, and read from the
+  // cache: the T x K array of them (kept for the backward) is written once and read once.
   for (std::int64_t t = 0; t < T; ++t) {
+    if (!sym && t % kEmissionChunk == 0 &&
+        !scaled_emissions(s, seq, t, std::min(kEmissionChunk, T - t), w, b_row(t), ll))
+      return -kInf;  // no state can emit some x_t
     double* a = alpha_row(t);
     const double* b = emission(t);
     if (t == 0) {
@@ -697,8 +697,10 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     w.c[t] = c;
     const double inv = 1.0 / c;
     for (int k = 0; k < K; ++k) a[k] *= inv;
-    ll += std::log(c);
   }
+  // log p(x_1..T) = sum_t ln c_t (Bishop 2006, eq. 13.63) plus the maxima taken out of the
+  // emissions, added after all of those, step by step.
+  for (std::int64_t t = 0; t < T; ++t) ll += std::log(w.c[t]);
   if (!stats && !gamma) return ll;
   // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_{t-1} = A u_t with u_t = b_t o
   // beta_t / c_t, a vector-matrix product against A' as the forward's is against A. In the same

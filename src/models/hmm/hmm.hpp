@@ -183,17 +183,19 @@ class Model {
   struct Work;
   // Log emission block of one sequence (T x K) into w.
   void log_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
-  // The same for steps [t1, t1 + n) of the sequence, into those rows of w.b.
-  void log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
-                     Work& w) const;
+  // The same for steps [t1, t1 + n) of the sequence, into out (n x K).
+  void log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n, Work& w,
+                     double* out) const;
   // Steps per chunk of Gaussian emissions: a chunk's K log densities per step are exponentiated
   // while they are still in the L1 cache.
   static constexpr std::int64_t kEmissionChunk = 32;
   // Steps of expected transitions added to xi at once in the backward sweep.
   static constexpr int kPairs = 16;
-  // Emission probabilities of one sequence into w.b, each step's divided by its largest; returns
-  // the sum of the logarithms of those maxima (-inf if some step no state can emit).
-  double scaled_emissions(const Sequences& s, std::int64_t seq, Work& w) const;
+  // Gaussian emission probabilities of steps [t1, t1 + n) of a sequence into out (n x K), each
+  // step's divided by its largest; adds the logarithms of those maxima to lm; false (lm not
+  // finite) if no state can emit some step.
+  bool scaled_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
+                        Work& w, double* out, double& lm) const;
   // Scaled forward-backward of one sequence; returns its log-likelihood (log Z for VB). With
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
