@@ -18,9 +18,12 @@ def read_data(f):
 
 
 def log_gauss(x, mean, cov):
-    d = x - mean
+    """log N(x | mean, cov) of one step x (D), or of every row of x (T x D) at once."""
+    d = np.atleast_2d(x - mean)
     _, logdet = np.linalg.slogdet(cov)
-    return -0.5 * (len(mean) * np.log(2 * np.pi) + logdet + d @ np.linalg.solve(cov, d))
+    q = np.sum(d * np.linalg.solve(cov, d.T).T, axis=1)
+    out = -0.5 * (len(mean) * np.log(2 * np.pi) + logdet + q)
+    return out if np.ndim(x) > 1 else out[0]
 
 
 def forward_backward(pi, A, logb):

@@ -194,8 +194,8 @@ gargs = ["--states", "3", "--seed", "4", "--emission", "gaussian", "--min-covar"
 fit(path("gau.h5"), gargs + ["--max-iter", "0"], path("gem0.h5"))
 fit(path("gau.h5"), gargs + ["--max-iter", "1"], path("gem1.h5"))
 g0, g1 = read_model(path("gem0.h5")), read_model(path("gem1.h5"))
-lb = lambda x, mm: np.array([[log_gauss(xt, mm["means"][k], mm["covariances"][k])
-                              for k in range(3)] for xt in x])
+lb = lambda x, mm: np.stack([log_gauss(x, mu, cov) for mu, cov in zip(mm["means"], mm["covariances"])],
+                           axis=1)  # every step's log density under each state (T x K)
 ll, st, tr, gam = expected_counts(gau_seqs, g0["startprob"], g0["transmat"], lambda x: lb(x, g0), 3)
 X, G = np.concatenate(gau_seqs), np.concatenate(gam)
 N = G.sum(0)
@@ -414,18 +414,8 @@ check(abs(score["log_likelihood"] - rec["trace"][-1]) < 1e-9 * abs(score["log_li
       "hmm score of the fitted model == the fit's last log-likelihood")
 
 # --- posteriors against NumPy ---------------------------------------------------------------------
-def gauss_logb(x, m):
-    """Log densities of every step (T x K) under the model's Gaussians, vectorised over steps."""
-    out = np.empty((len(x), len(m["means"])))
-    for k, (mu, cov) in enumerate(zip(m["means"], m["covariances"])):
-        d = x - mu
-        out[:, k] = -0.5 * (x.shape[1] * np.log(2 * np.pi) + np.linalg.slogdet(cov)[1]
-                            + np.sum(d * np.linalg.solve(cov, d.T).T, axis=1))
-    return out
-
-
 def check_posteriors(data, m, g, what):
-    ref = np.concatenate([forward_backward(m["startprob"], m["transmat"], gauss_logb(x, m))[1]
+    ref = np.concatenate([forward_backward(m["startprob"], m["transmat"], lb(x, m))[1]
                           for x in read_data(data)])
     err = np.abs(g - ref).max() if g.shape == ref.shape else np.inf
     check(err < 1e-9, f"{what} == NumPy's scaled forward-backward under the written model "
