@@ -96,7 +96,12 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
     using V = std::conditional_t<W % kLanes == 0, VecW, Vec4>;
     constexpr int L = sizeof(V) / sizeof(double);
     constexpr int NV = W / L, P = NV >= 8 ? 1 : NV >= 4 ? 2 : 4;
-    V part[P][NV] = {};
+    // Zeroed and stored one vector at a time: as whole arrays (`= {}`, one memcpy of acc into y),
+    // GCC called memset and memcpy through the PLT on every step, with the accumulators spilled
+    // to the stack around them, all on the recursion's critical path.
+    V part[P][NV];
+    for (int p = 0; p < P; ++p)
+      for (int v = 0; v < NV; ++v) part[p][v] = V{};
     int i = 0;
     for (; i + P <= k; i += P)
       for (int p = 0; p < P; ++p) {
@@ -109,18 +114,17 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
       const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
       for (int v = 0; v < NV; ++v) part[0][v] += xi * vload<V>(r + L * v);
     }
-    V acc[NV];
     for (int v = 0; v < NV; ++v) {
+      V acc;
       if constexpr (P == 1)
-        acc[v] = part[0][v];
+        acc = part[0][v];
       else if constexpr (P == 2)
-        acc[v] = part[0][v] + part[1][v];
+        acc = part[0][v] + part[1][v];
       else
-        acc[v] = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
+        acc = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
+      if (f) acc *= vload<V>(f + j0 + L * v);
+      std::memcpy(y + j0 + L * v, &acc, sizeof acc);
     }
-    if (f)
-      for (int v = 0; v < NV; ++v) acc[v] *= vload<V>(f + j0 + L * v);
-    std::memcpy(y + j0, acc, sizeof acc);
   } else {
     double acc[W] = {};
     for (int i = 0; i < k; ++i) {
