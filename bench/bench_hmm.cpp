@@ -169,6 +169,22 @@ void Posteriors(benchmark::State& state, Emission e, std::int64_t n) {
             });
 }
 
+// The forward alone (Model::log_likelihood, as `hmm score` runs it): two rows of alpha and one
+// chunk of emissions, no T x K array. Counted as 2 T K^2 plus the emissions.
+void LogLikelihood(benchmark::State& state, Emission e, std::int64_t n) {
+  const int k = static_cast<int>(state.range(0));
+  Problem p(e, k, n);
+  Model model(p.cfg, &p.source, p.summary);
+  model.init_random(1);
+  std::vector<double> ll(static_cast<std::size_t>(n));
+  const double emissions = e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
+  time_pass(state, n, (2.0 * k * k + emissions * k) * kSteps,
+            (2.0 * k * k + (emissions + 3) * k) * kSteps, [&] {
+              model.log_likelihood(p.seqs, ll);
+              benchmark::DoNotOptimize(ll.data());
+            });
+}
+
 void args(benchmark::internal::Benchmark* b) {
   for (int k : {8, 32, 64, 128}) b->Arg(k);
   b->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -182,6 +198,8 @@ BENCHMARK_CAPTURE(Posteriors, LongCategorical, Emission::kCategorical, 1)->Apply
 BENCHMARK_CAPTURE(Posteriors, LongGaussian, Emission::kGaussian, 1)->Apply(args);
 BENCHMARK_CAPTURE(Posteriors, ManyCategorical, Emission::kCategorical, 1000)->Apply(args);
 BENCHMARK_CAPTURE(Posteriors, ManyGaussian, Emission::kGaussian, 1000)->Apply(args);
+BENCHMARK_CAPTURE(LogLikelihood, LongCategorical, Emission::kCategorical, 1)->Apply(args);
+BENCHMARK_CAPTURE(LogLikelihood, LongGaussian, Emission::kGaussian, 1)->Apply(args);
 
 }  // namespace
 
