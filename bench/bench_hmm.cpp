@@ -6,9 +6,12 @@
 //   OMP_NUM_THREADS=1 build/bench/bench_hmm
 //   OMP_NUM_THREADS=2 build/bench/bench_hmm --benchmark_filter='Many'
 //
-// Counters: "GFLOP/s" against 6 T K^2 flops per pass (forward alpha_{t-1}' A, backward A u_t, and
-// the expected transitions sum_t alpha_t u_{t+1}': 2 K^2 each per step; emissions and the
-// statistics of order T K are not counted) per second of wall time; "GFLOP/cpu-s" the same per
+// Three passes: ForwardBackward (the E-step with statistics), Posteriors (the forward-backward
+// alone, writing gamma) and LogLikelihood (the forward alone, as `hmm score` runs it).
+// Counters (each pass counts its own flops; ForwardBackward's are): "GFLOP/s" against 6 T K^2
+// flops per pass (forward alpha_{t-1}' A, backward A u_t, and the expected transitions
+// sum_t alpha_t u_{t+1}': 2 K^2 each per step; emissions and the statistics of order T K are not
+// counted) per second of wall time; "GFLOP/cpu-s" the same per
 // second of process CPU time (all threads), and "peak" = GFLOP/cpu-s over one core's double
 // precision FMA peak, measured in CPU time at start-up by a loop of independent FMAs as wide as
 // the build's vectors (256 bits, or 512 with AVX-512; printed first). CPU time rather than wall
