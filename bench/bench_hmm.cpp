@@ -8,15 +8,14 @@
 //
 // Three passes: ForwardBackward (the E-step with statistics), Posteriors (the forward-backward
 // alone, writing gamma) and LogLikelihood (the forward alone, as `hmm score` runs it).
-// Counters (each pass counts its own flops; ForwardBackward's are): "GFLOP/s" against 6 T K^2
-// flops per pass (forward alpha_{t-1}' A, backward A u_t, and the expected transitions
-// sum_t alpha_t u_{t+1}': 2 K^2 each per step; emissions and the statistics of order T K are not
-// counted) per second of wall time; "GFLOP/cpu-s" the same per
-// second of process CPU time (all threads), and "peak" = GFLOP/cpu-s over one core's double
-// precision FMA peak, measured in CPU time at start-up by a loop of independent FMAs as wide as
-// the build's vectors (256 bits, or 512 with AVX-512; printed first). CPU time rather than wall
-// time because these 2 cores are shared: a thread that is descheduled costs wall time but not CPU
-// time, on either side of the ratio.
+// Counters (each pass counts its own flops; ForwardBackward's are): "GFLOP/s" against 6 T K^2 flops
+// per pass (forward alpha_{t-1}' A, backward A u_t, and the expected transitions sum_t alpha_t
+// u_{t+1}': 2 K^2 each per step; emissions and the statistics of order T K are not counted) per
+// second of wall time; "GFLOP/cpu-s" the same per second of process CPU time (all threads), and
+// "peak" = GFLOP/cpu-s over one core's double precision FMA peak, measured in CPU time at start-up
+// by a loop of independent FMAs as wide as the build's vectors (256 bits, or 512 with AVX-512;
+// printed first). CPU time rather than wall time because these 2 cores are shared: a thread that is
+// descheduled costs wall time but not CPU time, on either side of the ratio.
 // "peak_all" counts the order-T K flops as well, as the code performs them, per step and state:
 // 3 in the forward (the emission product, the normaliser's sum, the scaling), 4 in the backward
 // (u_t = b_t o beta_t / c_t, gamma_t = alpha_t o beta_t, the occupancies); categorical: 1 (the
@@ -135,6 +134,13 @@ void time_pass(benchmark::State& state, std::int64_t n, double flops, double flo
   state.counters["threads"] = static_cast<double>(std::min<std::int64_t>(caviar::max_threads(), n));
 }
 
+// Flops per step and state of the emissions' log densities: Gaussian with full covariance,
+// D^2 + 3 D + 1 (the forward substitution, the squared norm, the constant); categorical, none (a
+// table lookup). The exponentials are not counted.
+double emission_flops(Emission e) {
+  return e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
+}
+
 void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
   const int k = static_cast<int>(state.range(0));
   Problem p(e, k, n);
@@ -142,9 +148,8 @@ void ForwardBackward(benchmark::State& state, Emission e, std::int64_t n) {
   model.init_random(1);
   auto stats = model.make_stats();
   std::vector<double> terms(static_cast<std::size_t>(n));
-  const double linear = e == Emission::kCategorical ? 3 + 4 + 1
-                                                    : 3 + 4 + (kDim * kDim + 3 * kDim + 1) +
-                                                          2 * (kDim + kDim * (kDim + 1) / 2);
+  const double linear = 3 + 4 + emission_flops(e) +
+                        (e == Emission::kCategorical ? 1 : 2 * (kDim + kDim * (kDim + 1) / 2));
   time_pass(state, n, 6.0 * k * k * kSteps, (6.0 * k * k + linear * k) * kSteps, [&] {
     stats.set_zero();
     model.local_step(stats, terms);
@@ -164,7 +169,7 @@ void Posteriors(benchmark::State& state, Emission e, std::int64_t n) {
   Model model(p.cfg, &p.source, p.summary);
   model.init_random(1);
   std::vector<double> gamma(static_cast<std::size_t>(kSteps * k));
-  const double emissions = e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
+  const double emissions = emission_flops(e);
   time_pass(state, n, (4.0 * k * k + emissions * k) * kSteps,
             (4.0 * k * k + (emissions + 6) * k) * kSteps, [&] {
               model.posteriors(p.seqs, gamma);
@@ -180,7 +185,7 @@ void LogLikelihood(benchmark::State& state, Emission e, std::int64_t n) {
   Model model(p.cfg, &p.source, p.summary);
   model.init_random(1);
   std::vector<double> ll(static_cast<std::size_t>(n));
-  const double emissions = e == Emission::kCategorical ? 0 : kDim * kDim + 3 * kDim + 1;
+  const double emissions = emission_flops(e);
   time_pass(state, n, (2.0 * k * k + emissions * k) * kSteps,
             (2.0 * k * k + (emissions + 3) * k) * kSteps, [&] {
               model.log_likelihood(p.seqs, ll);
