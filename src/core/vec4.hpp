@@ -47,6 +47,14 @@ inline Vec4 vfma(Vec4 a, Vec4 b, Vec4 c) {
 #endif
 }
 
+// The same for eight lanes, where they are one AVX-512 register (the width the HMM's kernels use
+// there; other builds have no use for it).
+#if defined(__AVX512F__)
+inline Vec8 vfma(Vec8 a, Vec8 b, Vec8 c) {
+  return _mm512_fmadd_pd(a, b, c);
+}
+#endif
+
 // x in every lane (x itself for V = double). As x - 0, which is x exactly (also for -0, unlike
 // 0 + x) and which the compiler folds to a plain broadcast; a lane-by-lane fill was compiled into
 // stack traffic inside the HMM's kernels (three times slower).

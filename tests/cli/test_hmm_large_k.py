@@ -1,10 +1,14 @@
 #!/usr/bin/env -S /usr/bin/python3
 """caviar hmm fit with many states: the forward-backward's vector-matrix kernel works in register
 blocks of 32, 16, 8, 4 and 1 states, and K = 37 (32 + 4 + 1) and K = 61 (32 + 16 + 8 + 4 + 1)
-use every one of them.
+use every one of them. From 112 states on, the forward and the backward run in one sweep with
+their own scalings (blocks of 8, 4 and 1 rows, vectors of columns and a scalar rest): K = 115
+(14 x 8 + 3 rows, 28 x 4 + 3 columns).
 
 - one Baum-Welch step (categorical; Gaussian full and diag) against the NumPy forward-backward,
   from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood;
+- posteriors against NumPy, of short sequences and (K = 115) of one long enough to keep the
+  forward in the posteriors' own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
 - bitwise identical model files at 1x2 and 2x1 ranks x threads.
 
 usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
@@ -12,6 +16,7 @@ usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
 import os
 import sys
 
+import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -38,10 +43,24 @@ run(["-q", "generate", "hmm", "--sequences", "24", "--length", "20-60", "--state
 run(["-q", "generate", "hmm", "--sequences", "24", "--length", "20-60", "--states", "5",
      "--emission", "gaussian", "--dim", "3", "--seed", "3", "--out", path("gau.h5")])
 cat_seqs, gau_seqs = read_data(path("cat.h5")), read_data(path("gau.h5"))
+run(["-q", "generate", "hmm", "--sequences", "1", "--length", "3000-3000", "--states", "5",
+     "--emission", "categorical", "--symbols", "7", "--seed", "4", "--out", path("long.h5")])
 
-for K in (37, 61):
+
+def posteriors_close(data, model, post):
+    B = model["emissionprob"]
+    _, _, _, gam = expected_counts(read_data(data), model["startprob"], model["transmat"],
+                                   lambda x: np.log(B[:, x].T), B.shape[0])
+    with h5py.File(post, "r") as h:
+        g = h["posteriors"][()]
+    ref = np.concatenate(gam)
+    return g.shape == ref.shape and np.abs(g - ref).max() < 1e-9
+
+
+for K in (37, 61, 115):
     # EM, categorical.
-    fit(path("cat.h5"), ["-k", str(K), "--max-iter", "0"], path(f"c0_{K}.h5"))
+    fit(path("cat.h5"), ["-k", str(K), "--max-iter", "0", "--posteriors", path(f"cp_{K}.h5")],
+        path(f"c0_{K}.h5"))
     fit(path("cat.h5"), ["-k", str(K), "--max-iter", "1"], path(f"c1_{K}.h5"))
     m0, m1 = read_model(path(f"c0_{K}.h5")), read_model(path(f"c1_{K}.h5"))
     B = m0["emissionprob"]
@@ -55,6 +74,12 @@ for K in (37, 61):
           and close(m1["emissionprob"], em / em.sum(1)[:, None])
           and abs(m1["trace"][0] - ll) < 1e-10 * abs(ll),
           f"K = {K}: one Baum-Welch step (categorical) == NumPy, and its log-likelihood")
+    check(posteriors_close(path("cat.h5"), m0, path(f"cp_{K}.h5")),
+          f"K = {K}: posteriors of short sequences == NumPy")
+    score = summary(run(["hmm", "score", "--model", path(f"c0_{K}.h5"), "--data", path("cat.h5")]))
+    check(score["log_likelihood"] == m1["trace"][0],
+          f"K = {K}: hmm score == the fit's log-likelihood, to the bit "
+          f"({score['log_likelihood']!r}, {m1['trace'][0]!r})")
 
     # EM, Gaussian, full and diagonal covariances.
     for cov in ("full", "diag"):
@@ -79,14 +104,22 @@ for K in (37, 61):
               and abs(g1["trace"][0] - ll) < 1e-10 * abs(ll),
               f"K = {K}: one Baum-Welch step (Gaussian, {cov}) == NumPy, and its log-likelihood")
 
-# Rank and thread invariance at K = 37, 3 iterations (EM, Gaussian full; CAVI, categorical).
-for name, data, extra in (("gem", "gau.h5", ["--emission", "gaussian"]),
-                          ("cvb", "cat.h5", ["--algorithm", "cavi"])):
-    outs = []
-    for ranks, threads in ((1, 2), (2, 1)):
-        outs.append(path(f"{name}_{ranks}x{threads}.h5"))
-        fit(path(data), ["-k", "37", "--max-iter", "3"] + extra, outs[-1], ranks, threads)
-    diff = h5_differences(*outs)
-    check(not diff, f"K = 37 {name}: bitwise identical at 1x2 and 2x1 {diff}")
+# One 3,000-step sequence at K = 115: 2.8 MB of forward, kept in the posteriors' rows.
+fit(path("long.h5"), ["-k", "115", "--max-iter", "0", "--posteriors", path("lp.h5")],
+    path("l0.h5"))
+check(posteriors_close(path("long.h5"), read_model(path("l0.h5")), path("lp.h5")),
+      "K = 115: posteriors of a 3,000-step sequence == NumPy")
+
+# Rank and thread invariance at K = 37 and 115, 3 iterations (EM, Gaussian full; CAVI,
+# categorical).
+for K in (37, 115):
+    for name, data, extra in (("gem", "gau.h5", ["--emission", "gaussian"]),
+                              ("cvb", "cat.h5", ["--algorithm", "cavi"])):
+        outs = []
+        for ranks, threads in ((1, 2), (2, 1)):
+            outs.append(path(f"{name}_{K}_{ranks}x{threads}.h5"))
+            fit(path(data), ["-k", str(K), "--max-iter", "3"] + extra, outs[-1], ranks, threads)
+        diff = h5_differences(*outs)
+        check(not diff, f"K = {K} {name}: bitwise identical at 1x2 and 2x1 {diff}")
 
 checks.finish()

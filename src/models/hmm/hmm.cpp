@@ -164,6 +164,101 @@ void vec_mat(const double* x, const double* m, int k, const double* f, double* y
   for (; j < k; ++j) vec_mat_block<1>(x, m, k, j, f, y);
 }
 
+// From this many states on, the forward and the backward recursions run side by side
+// (Model::forward_backward) and share each pass over A. At K = 128 a separate product streams A
+// (128 KB) from the L2 cache for every 2 K^2 flops, which held it near half the FMA rate; one pass
+// that makes both products halves that traffic. Below, A is closer to the L1 cache and the fused
+// pass, whose forward sums go through memory, was slower (bench_hmm on Zen 3: at 80 and 96 states
+// the long sequences lost up to 22%; at 112 and 128 no case was slower beyond the noise, and
+// sequences of 100 steps gained 7-30%).
+constexpr int kFuseStates = 112;
+
+// Rows [i, i + R) of M's part in y = x' M, and z_i = M_i. u for those rows (row-major k x k M; z
+// skipped when u is null). y_j goes through memory from one block of rows to the next; for every
+// j it is the chain y_j = fma(x_i, M_ij, y_j) over i = 0, 1, ..., k - 1 from 0, whatever the
+// vector it sits in. z_i is summed in lanes (one chain per lane over the row's vectors of
+// columns, a four-lane step for the rest where V has eight, one scalar chain for the last k mod
+// 4), then the lanes in a fixed order: the same K gives the same order in any build of one vector
+// width.
+template <int R, class V>
+inline void rows_block(const double* x, const double* u, const double* m, int k, int i, double* y,
+                       double* z) {
+  constexpr int L = sizeof(V) / sizeof(double);
+  const double* row[R];
+  V xr[R], zr[R];
+  Vec4 z4[R];
+  double zs[R];
+  for (int r = 0; r < R; ++r) {
+    row[r] = m + static_cast<std::ptrdiff_t>(i + r) * k;
+    xr[r] = splat<V>(x[i + r]);
+    zr[r] = V{};
+    z4[r] = Vec4{};
+    zs[r] = 0;
+  }
+  int j = 0;
+  for (; j + L <= k; j += L) {
+    V yj = vload<V>(y + j);
+    if (u) {
+      const V uj = vload<V>(u + j);
+      for (int r = 0; r < R; ++r) {
+        const V a = vload<V>(row[r] + j);
+        yj = vfma(xr[r], a, yj);
+        zr[r] = vfma(a, uj, zr[r]);
+      }
+    } else {
+      for (int r = 0; r < R; ++r) yj = vfma(xr[r], vload<V>(row[r] + j), yj);
+    }
+    vstore(y + j, yj);
+  }
+  if constexpr (L == 8)
+    if (j + 4 <= k) {
+      Vec4 yj = vload<Vec4>(y + j);
+      const Vec4 uj = u ? vload<Vec4>(u + j) : Vec4{};
+      for (int r = 0; r < R; ++r) {
+        const Vec4 a = vload<Vec4>(row[r] + j);
+        yj = vfma(splat<Vec4>(x[i + r]), a, yj);
+        if (u) z4[r] = vfma(a, uj, z4[r]);
+      }
+      vstore(y + j, yj);
+      j += 4;
+    }
+  for (; j < k; ++j)
+    for (int r = 0; r < R; ++r) {
+      y[j] = std::fma(x[i + r], row[r][j], y[j]);
+      if (u) zs[r] = std::fma(row[r][j], u[j], zs[r]);
+    }
+  if (!u) return;
+  for (int r = 0; r < R; ++r) {
+    double lanes[L];
+    std::memcpy(lanes, &zr[r], sizeof lanes);
+    double sum = 0;
+    if constexpr (L == 8)
+      sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+            ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    else
+      sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    if constexpr (L == 8) sum += (z4[r][0] + z4[r][2]) + (z4[r][1] + z4[r][3]);
+    z[i + r] = sum + zs[r];
+  }
+}
+
+// y = (x' M) o f (f may be null) and, unless u is null, z = M u, in one pass over M by blocks of
+// eight rows. For k >= kFuseStates, in place of vec_mat (both recursions, and the forward alone,
+// so that a likelihood and a fit's forward take the same operations).
+__attribute__((noinline)) void vec_mat_rows(const double* x, const double* u, const double* m,
+                                            int k, const double* f, double* y, double* z) {
+  std::fill_n(y, k, 0.0);
+  int i = 0;
+  for (; i + 8 <= k; i += 8) rows_block<8, VecW>(x, u, m, k, i, y, z);
+  if (i + 4 <= k) {
+    rows_block<4, VecW>(x, u, m, k, i, y, z);
+    i += 4;
+  }
+  for (; i < k; ++i) rows_block<1, VecW>(x, u, m, k, i, y, z);
+  if (f)
+    for (int j = 0; j < k; ++j) y[j] *= f[j];
+}
+
 // The sum of x[0..k) in a fixed order: eight partial sums (one 256-bit add chain of two
 // registers, not one scalar chain of k dependent adds), then a fixed tree.
 double sum_fixed(const double* x, int k) {
@@ -348,7 +443,11 @@ struct Model::Work {
   RowMatrix b, alpha;
   Eigen::VectorXd c;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
-  RowMatrix u;     // kPairs x K: u_t of the transitions not yet added to xi
+  // K >= kFuseStates: T x K, the backward's beta_t each normalised on its own (forward_backward),
+  // and the K values of u_t before they are normalised
+  RowMatrix bt;
+  std::vector<double> ut;
+  RowMatrix u;  // kPairs x K: u_t of the transitions not yet added to xi
   // Gaussian: the whitened y_t of a vector of states (or one) in the forward substitution
   std::vector<VecW> y;
   std::vector<Vec4> y4;
@@ -685,14 +784,46 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   // (alpha_{t-1}' A) o b_t, with c_t making alpha_t sum to one.
   // Gaussian emissions are made a chunk at a time as the forward reaches them, and read from the
   // cache: the T x K array of them (kept for the backward) is written once and read once.
+  //
+  // From kFuseStates states on, and where the backward follows, it runs in the same sweep (the
+  // forward at step t, the backward at step T - t), so that one pass over A makes both products
+  // (vec_mat_rows). It cannot use the forward's scaling, which is not known yet at T - t: each
+  // beta~_{t-1} = A u~_t, u~_t = b_t o beta~_t / s_t, is scaled by s_t, the sum of b_t o beta~_t
+  // (any positive scaling leaves beta_t's direction as it is), and kept (T x K). The backward
+  // sweep below takes Bishop's beta_t from it as beta~_t / (alpha_t . beta~_t), the scaling under
+  // which alpha_t . beta_t = 1 (Bishop 2006, eq. 13.64 with gamma_t summing to one).
+  const bool fuse = K >= kFuseStates, paired = fuse && !ring;
+  if (paired) {
+    if (w.bt.rows() < T || w.bt.cols() != K) w.bt.resize(T, K);
+    w.ut.resize(static_cast<std::size_t>(K));
+    std::fill_n(&w.bt(T - 1, 0), K, 1.0);
+    // Every emission first: the backward reads them from the sequence's end.
+    if (!sym)
+      for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk)
+        if (!scaled_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, b_row(t1), ll))
+          return -kInf;  // no state can emit some x_t
+  }
   for (std::int64_t t = 0; t < T; ++t) {
-    if (!sym && t % kEmissionChunk == 0 &&
+    if (!paired && !sym && t % kEmissionChunk == 0 &&
         !scaled_emissions(s, seq, t, std::min(kEmissionChunk, T - t), w, b_row(t), ll))
       return -kInf;  // no state can emit some x_t
     double* a = alpha_row(t);
     const double* b = emission(t);
     if (t == 0) {
       for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
+    } else if (paired) {
+      const std::int64_t tb = T - t;
+      const double* bb = emission(tb);
+      const double* bet = &w.bt(tb, 0);
+      double* ut = w.ut.data();
+      for (int k = 0; k < K; ++k) ut[k] = bb[k] * bet[k];
+      const double st = sum_fixed(ut, K);
+      if (!(st > 0)) return -kInf;  // no path through the sequence's last T - tb steps
+      const double inv = 1.0 / st;
+      for (int k = 0; k < K; ++k) ut[k] *= inv;
+      vec_mat_rows(alpha_row(t - 1), ut, a_.data(), K, b, a, &w.bt(tb - 1, 0));
+    } else if (fuse) {
+      vec_mat_rows(alpha_row(t - 1), nullptr, a_.data(), K, b, a, nullptr);
     } else {
       vec_mat(alpha_row(t - 1), a_.data(), K, b, a);
     }
@@ -792,6 +923,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       // reaches kAhead steps later (the hardware prefetchers follow descending streams late).
       const double* ra = alpha + (t - kAhead) * K;
       const double* rb = sym ? nullptr : &w.b(t - kAhead, 0);
+      const double* rt = paired ? &w.bt(t - kAhead, 0) : nullptr;
       double* rg = gamma_apart ? gamma_apart + (t - kAhead) * K : nullptr;
       for (int k = 0; k < K; k += 8) {
         if (in_place)
@@ -799,6 +931,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
         else
           __builtin_prefetch(ra + k);
         if (rb) __builtin_prefetch(rb + k);
+        if (rt) __builtin_prefetch(rt + k);
         if (rg) __builtin_prefetch(rg + k, 1);
       }
     }
@@ -806,7 +939,28 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     const double inv = 1.0 / w.c[t];
     double* u = &w.u(pending, 0);
     for (int j = 0; j < K; ++j) u[j] = b[j] * be[j] * inv;
-    vec_mat(u, a_tr_.data(), K, nullptr, be_prev);
+    if (paired) {
+      // beta_{t-1} = beta~_{t-1} / (alpha_{t-1} . beta~_{t-1}), the dot product in sum_fixed's
+      // order (be_prev as its scratch).
+      const double* ap = alpha + (t - 1) * K;
+      const double* bp = &w.bt(t - 1, 0);
+      for (int k = 0; k < K; ++k) be_prev[k] = ap[k] * bp[k];
+      const double r = sum_fixed(be_prev, K);
+      if (!(r > 0)) {
+        // Zero only by underflow (alpha_t . beta~_t is p(x) over positive scalings): no
+        // statistics were added yet, but the symbols' rows of w.emit must be left clean.
+        for (const std::int32_t v : w.touched) {
+          std::fill_n(&w.emit(v, 0), K, 0.0);
+          w.mark[static_cast<std::size_t>(v)] = 0;
+        }
+        w.touched.clear();
+        return -kInf;
+      }
+      const double inv_r = 1.0 / r;
+      for (int k = 0; k < K; ++k) be_prev[k] = bp[k] * inv_r;
+    } else {
+      vec_mat(u, a_tr_.data(), K, nullptr, be_prev);
+    }
     std::swap(be, be_prev);
     if (!stats) continue;
     pa[pending] = alpha + (t - 1) * K;
