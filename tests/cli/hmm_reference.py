@@ -1,7 +1,9 @@
 """NumPy references shared by the HMM CLI tests: the sequence file layout, Gaussian log densities
-and the scaled forward-backward (Rabiner 1989) with its expected counts."""
+the scaled forward-backward (Rabiner 1989) with its expected counts, and the Dirichlet's E[ln p]
+and KL divergence (Bishop 2006, eqs B.21 and B.23) of the variational Bayes checks."""
 import h5py
 import numpy as np
+from scipy.special import digamma, gammaln
 
 
 def write_data(f, seqs):
@@ -67,3 +69,15 @@ def read_model(f):
         out["trace"] = h["trace/objective"][()]
         out["attrs"] = dict(h.attrs)
     return out
+
+
+def elog_dir(a):
+    """E[ln p] under Dirichlet(a), along the last axis."""
+    return digamma(a) - digamma(a.sum(-1, keepdims=True))
+
+
+def kl_dir(a, a0):
+    """KL(Dir(a) || Dir(a0 1))."""
+    a0v = np.full_like(a, a0)
+    return (gammaln(a.sum()) - gammaln(a).sum() - gammaln(a0v.sum()) + gammaln(a0v).sum()
+            + ((a - a0) * (digamma(a) - digamma(a.sum()))).sum())

@@ -28,12 +28,12 @@ import sys
 
 import h5py
 import numpy as np
-from scipy.special import digamma, gammaln, multigammaln
+from scipy.special import digamma, multigammaln
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
-from hmm_reference import (expected_counts, forward_backward, log_gauss, read_data,  # noqa: E402
-                           read_model, write_data)
+from hmm_reference import (elog_dir, expected_counts, forward_backward, kl_dir,  # noqa: E402
+                           log_gauss, read_data, read_model, write_data)
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
@@ -107,16 +107,6 @@ for emission, cov_kind in [("categorical", None), ("gaussian", "full"), ("gaussi
             got = h["states"][()]
         check(got.dtype == np.int64 and np.array_equal(got, np.concatenate(ref_paths)),
               f"{emission} {cov_kind or ''} Viterbi at {ranks} rank(s) == brute-force argmax path")
-
-
-def elog_dir(a):
-    return digamma(a) - digamma(a.sum(-1, keepdims=True))
-
-
-def kl_dir(a, a0):
-    a0v = np.full_like(a, a0)
-    return (gammaln(a.sum()) - gammaln(a).sum() - gammaln(a0v.sum()) + gammaln(a0v).sum()
-            + ((a - a0) * (digamma(a) - digamma(a.sum()))).sum())
 
 
 def kl_nw(m, beta, W, nu, m0, beta0, W0inv, nu0):

@@ -6,7 +6,8 @@ their own scalings (blocks of 8, 4 and 1 rows, vectors of columns and a scalar r
 (14 x 8 + 3 rows, 28 x 4 + 3 columns).
 
 - one Baum-Welch step (categorical; Gaussian full and diag) against the NumPy forward-backward,
-  from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood;
+  from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood; one CAVI
+  step (categorical, K = 115) and its ELBO;
 - posteriors against NumPy, of short sequences and (K = 115) of one long enough to keep the
   forward in the posteriors' own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
 - bitwise identical model files at 1x2 and 2x1 ranks x threads.
@@ -21,7 +22,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from clitest import Checks, fresh_workdir, h5_differences, summary  # noqa: E402
-from hmm_reference import expected_counts, read_data, read_model  # noqa: E402
+from hmm_reference import (elog_dir, expected_counts, kl_dir, read_data,  # noqa: E402
+                           read_model)
 
 caviar, work = sys.argv[1], sys.argv[2]
 path = fresh_workdir(work)
@@ -103,6 +105,28 @@ for K in (37, 61, 115):
         check(close(g1["means"], mu) and close(g1["transmat"], tr / tr.sum(1)[:, None])
               and abs(g1["trace"][0] - ll) < 1e-10 * abs(ll),
               f"K = {K}: one Baum-Welch step (Gaussian, {cov}) == NumPy, and its log-likelihood")
+
+# One CAVI step at K = 115 (categorical): the forward-backward on exp E[ln A] and exp E[ln B],
+# whose rows do not sum to one.
+vargs = ["-k", "115", "--algorithm", "cavi", "--prior-start", "0.7", "--prior-trans", "1.3",
+         "--prior-emission", "0.5"]
+fit(path("cat.h5"), vargs + ["--max-iter", "0"], path("vb0.h5"))
+fit(path("cat.h5"), vargs + ["--max-iter", "1"], path("vb1.h5"))
+v0, v1 = read_model(path("vb0.h5")), read_model(path("vb1.h5"))
+a_s, a_t, a_e = v0["posterior/start"], v0["posterior/trans"], v0["posterior/emission"]
+ll, st, tr, gam = expected_counts(cat_seqs, np.exp(elog_dir(a_s)), np.exp(elog_dir(a_t)),
+                                  lambda x: elog_dir(a_e)[:, x].T, 115)
+elbo = (ll - kl_dir(a_s, 0.7) - sum(kl_dir(r, 1.3) for r in a_t)
+        - sum(kl_dir(r, 0.5) for r in a_e))
+em = np.zeros_like(a_e)
+for x, g in zip(cat_seqs, gam):
+    for v in range(a_e.shape[1]):
+        em[:, v] += g[x == v].sum(0)
+check(np.allclose(v1["posterior/start"], 0.7 + st, rtol=1e-10)
+      and np.allclose(v1["posterior/trans"], 1.3 + tr, rtol=1e-10)
+      and np.allclose(v1["posterior/emission"], 0.5 + em, rtol=1e-10)
+      and abs(v1["trace"][0] - elbo) < 1e-10 * abs(elbo),
+      f"K = 115: one CAVI step (categorical) == NumPy, and its ELBO ({v1['trace'][0]!r}, {elbo!r})")
 
 # One 3,000-step sequence at K = 115: 2.8 MB of forward, kept in the posteriors' rows.
 fit(path("long.h5"), ["-k", "115", "--max-iter", "0", "--posteriors", path("lp.h5")],
