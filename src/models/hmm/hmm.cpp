@@ -582,7 +582,12 @@ void Model::refresh() {
     pi_ = p_start_;
     a_ = p_trans_;
   }
-  a_tr_ = a_.transpose();
+  // A' for the backward's own product; from kFuseStates states on, the backward shares the
+  // forward's pass over A and A' is never read.
+  if (k_ < kFuseStates)
+    a_tr_ = a_.transpose();
+  else
+    a_tr_.resize(0, 0);
   if (v_ > 0) {
     log_b_t_.resize(v_, k_);
     std::vector<double> row(static_cast<std::size_t>(v_));
