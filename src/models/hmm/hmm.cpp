@@ -335,64 +335,53 @@ __attribute__((noinline)) void outer_add(const double* const* a, const double* c
   if (i < rows) outer_rows<1>(a, u, m, i, cols, out);
 }
 
-// Log densities of one step under the states [k, k + L) of V's L lanes (see below); y: D vectors
-// of scratch for the whitened coordinates.
-template <int DD, class V, class Row>
-inline void gauss_block(const double* xt, int D, bool diag, const Row& row, int r_inv, int r_l,
-                        int r_c, int r_h, int k, V* y, double* o) {
+// Log densities of one step under one block's kLanes states (see below): p, the block's R rows of
+// kLanes parameters; y: D vectors of scratch for the whitened coordinates. With D and the
+// covariance's kind fixed at compile time, every parameter is a load at a fixed offset from p
+// (with one row of parameters per quantity, K wide, each needed a register or a spill of its own).
+template <int DD, bool kDiag, class V>
+inline V gauss_block(const double* xt, int D, const double* p, V* y) {
+  const int r_inv = D, r_c = 2 * D + (kDiag ? 0 : D * (D - 1) / 2), r_h = r_c + 1;
   V q = {};
-  for (int i = 0, l = r_l; i < D; ++i) {
-    V r = splat<V>(xt[i]) - vload<V>(row(i) + k);
-    if (!diag)
-      for (int j = 0; j < i; ++j, ++l) r -= vload<V>(row(l) + k) * y[j];
-    r *= vload<V>(row(r_inv + i) + k);
+  for (int i = 0, l = 2 * D; i < D; ++i) {
+    V r = splat<V>(xt[i]) - vload<V>(p + i * kLanes);
+    if (!kDiag)
+      for (int j = 0; j < i; ++j, ++l) r -= vload<V>(p + l * kLanes) * y[j];
+    r *= vload<V>(p + (r_inv + i) * kLanes);
     y[i] = r;
-    q = i == 0 ? r * r : q + r * r;
+    // One FMA per coordinate after the first, written out: of the two products in r_0^2 + r_1^2
+    // the compiler may fuse either, and did so differently as the code around it changed.
+    q = i == 0 ? r * r : vfma(r, r, q);
   }
-  const V res = vload<V>(row(r_c) + k) - vload<V>(row(r_h) + k) * q;
-  std::memcpy(o + k, &res, sizeof res);
+  return vload<V>(p + r_c * kLanes) - vload<V>(p + r_h * kLanes) * q;
 }
 
-// Log densities of n steps (x: n x D, row-major) under K Gaussians whose parameters soa holds
-// state-minor (Model::refresh), into out (n x K, row-major), a vector of states at a time:
-// (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k by forward
-// substitution, each row of out written once, in the order the recursions read it. DD > 0 fixes
-// D at compile time (the whitened coordinates stay in registers); DD = 0 uses y and ys.
-template <int DD>
-void gauss_log_densities(const double* x, std::int64_t n, int d_rt, bool diag, const RowMatrix& soa,
-                         VecW* y_mem, Vec4* y4_mem, double* ys_mem, double* out) {
+// Log densities of n steps (x: n x D, row-major) under K Gaussians whose parameters soa holds in
+// blocks of kLanes states (Model::refresh), into out (n x K, row-major), a vector of states at a
+// time: (x_t - mu_k)' (L_k L_k')^-1 (x_t - mu_k) = |y_t|^2 with L_k y_t = x_t - mu_k by forward
+// substitution, each row of out written once, in the order the recursions read it. The last
+// block's padding lanes (zero parameters: finite values) are computed and dropped, so every state
+// takes the same vector operations. DD > 0 fixes D at compile time (the whitened coordinates stay
+// in registers); DD = 0 uses y_mem.
+template <int DD, bool kDiag>
+void gauss_log_densities(const double* x, std::int64_t n, int d_rt, int K, const double* soa,
+                         VecW* y_mem, double* out) {
   const int D = DD > 0 ? DD : d_rt;
-  const int K = static_cast<int>(soa.cols());
-  const auto row = [&](int r) { return &soa(r, 0); };
-  const int r_inv = D, r_l = 2 * D, r_c = 2 * D + (diag ? 0 : D * (D - 1) / 2), r_h = r_c + 1;
+  const int R = 2 * D + (kDiag ? 0 : D * (D - 1) / 2) + 2;
+  const int full = K / kLanes, rest = K % kLanes;
   VecW y_reg[DD > 0 ? DD : 1];
-  Vec4 y4_reg[DD > 0 ? DD : 1];
-  double ys_reg[DD > 0 ? DD : 1];
   VecW* y = DD > 0 ? y_reg : y_mem;
-  Vec4* y4 = DD > 0 ? y4_reg : y4_mem;
-  double* ys = DD > 0 ? ys_reg : ys_mem;
   for (std::int64_t t = 0; t < n; ++t) {
     const double* xt = x + t * D;
     double* o = out + t * K;
-    int k = 0;
-    for (; k + kLanes <= K; k += kLanes)
-      gauss_block<DD>(xt, D, diag, row, r_inv, r_l, r_c, r_h, k, y, o);
-    if constexpr (kLanes == 8)
-      if (k + 4 <= K) {
-        gauss_block<DD>(xt, D, diag, row, r_inv, r_l, r_c, r_h, k, y4, o);
-        k += 4;
-      }
-    for (; k < K; ++k) {  // the same operations, one state
-      double q = 0;
-      for (int i = 0, l = r_l; i < D; ++i) {
-        double r = xt[i] - row(i)[k];
-        if (!diag)
-          for (int j = 0; j < i; ++j, ++l) r -= row(l)[k] * ys[j];
-        r *= row(r_inv + i)[k];
-        ys[i] = r;
-        q = i == 0 ? r * r : q + r * r;
-      }
-      o[k] = row(r_c)[k] - row(r_h)[k] * q;
+    const double* p = soa;
+    for (int b = 0; b < full; ++b, p += R * kLanes) {
+      const VecW res = gauss_block<DD, kDiag>(xt, D, p, y);
+      std::memcpy(o + b * kLanes, &res, sizeof res);
+    }
+    if (rest > 0) {  // the padding lanes are computed and dropped
+      const VecW res = gauss_block<DD, kDiag>(xt, D, p, y);
+      std::memcpy(o + full * kLanes, &res, sizeof(double) * static_cast<std::size_t>(rest));
     }
   }
 }
@@ -448,10 +437,8 @@ struct Model::Work {
   RowMatrix bt;
   std::vector<double> ut;
   RowMatrix u;  // kPairs x K: u_t of the transitions not yet added to xi
-  // Gaussian: the whitened y_t of a vector of states (or one) in the forward substitution
+  // Gaussian, D > 8: the whitened y_t of a vector of states in the forward substitution
   std::vector<VecW> y;
-  std::vector<Vec4> y4;
-  std::vector<double> ys;
   RowMatrix xi;                       // K x K
   std::vector<double> occ, g_row;     // sums of gamma_t over t; gamma_t when nothing keeps it
   RowMatrix emit;                     // V x K: one sequence's expected emission counts
@@ -644,21 +631,25 @@ void Model::refresh() {
       gauss_const_[k] =
           0.5 * logdet_prec - 0.5 * d_ * math::kLog2Pi - (vb ? 0.5 * d_ / beta_[k] : 0.0);
     }
-    // The log densities' parameters state-minor, one row per quantity, K wide: mu_i, 1 / L_ii
-    // (diag: 1 / sigma_i), L_ij for j < i row by row (full), the constant, and quad_scale / 2.
-    const int lower = diag ? 0 : d_ * (d_ - 1) / 2;
-    emit_soa_.resize(2 * d_ + lower + 2, k_);
+    // The log densities' parameters in blocks of kLanes states (the last block padded with
+    // zeros), R rows of kLanes per block: mu_i, 1 / L_ii (diag: 1 / sigma_i), L_ij for j < i row
+    // by row (full), the constant, and quad_scale / 2.
+    const int lower = diag ? 0 : d_ * (d_ - 1) / 2, rows = 2 * d_ + lower + 2;
+    emit_soa_.setZero(static_cast<Eigen::Index>((k_ + kLanes - 1) / kLanes) * rows, kLanes);
     for (int k = 0; k < k_; ++k) {
       const RowMatrix& l =
           diag ? cov_[static_cast<std::size_t>(k)] : chol_[static_cast<std::size_t>(k)];
+      const auto at = [&](int r) -> double& {
+        return emit_soa_(k / kLanes * rows + r, k % kLanes);
+      };
       for (int i = 0, r = 2 * d_; i < d_; ++i) {
-        emit_soa_(i, k) = means_(k, i);
-        emit_soa_(d_ + i, k) = 1.0 / (diag ? std::sqrt(l(i, i)) : l(i, i));
+        at(i) = means_(k, i);
+        at(d_ + i) = 1.0 / (diag ? std::sqrt(l(i, i)) : l(i, i));
         if (!diag)
-          for (int j = 0; j < i; ++j) emit_soa_(r++, k) = l(i, j);
+          for (int j = 0; j < i; ++j) at(r++) = l(i, j);
       }
-      emit_soa_(2 * d_ + lower, k) = gauss_const_[k];
-      emit_soa_(2 * d_ + lower + 1, k) = 0.5 * quad_scale_[k];
+      at(2 * d_ + lower) = gauss_const_[k];
+      at(2 * d_ + lower + 1) = 0.5 * quad_scale_[k];
     }
   }
 }
@@ -690,19 +681,20 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1,
     }
     return;
   }
-  const bool diag = cfg_.covariance == Covariance::kDiag;
   w.y.resize(static_cast<std::size_t>(d_));
-  w.y4.resize(static_cast<std::size_t>(d_));
-  w.ys.resize(static_cast<std::size_t>(d_));
   const double* x = &s.x(t0, 0);
   // Small D: the whitened coordinates stay in registers.
-  using Kernel = void (*)(const double*, std::int64_t, int, bool, const RowMatrix&, VecW*, Vec4*,
-                          double*, double*);
-  static constexpr Kernel kernels[] = {
-      gauss_log_densities<0>, gauss_log_densities<1>, gauss_log_densities<2>,
-      gauss_log_densities<3>, gauss_log_densities<4>, gauss_log_densities<5>,
-      gauss_log_densities<6>, gauss_log_densities<7>, gauss_log_densities<8>};
-  kernels[d_ <= 8 ? d_ : 0](x, n, d_, diag, emit_soa_, w.y.data(), w.y4.data(), w.ys.data(), out);
+  using Kernel = void (*)(const double*, std::int64_t, int, int, const double*, VecW*, double*);
+  static constexpr Kernel kFull[] = {
+      gauss_log_densities<0, false>, gauss_log_densities<1, false>, gauss_log_densities<2, false>,
+      gauss_log_densities<3, false>, gauss_log_densities<4, false>, gauss_log_densities<5, false>,
+      gauss_log_densities<6, false>, gauss_log_densities<7, false>, gauss_log_densities<8, false>};
+  static constexpr Kernel kDiag[] = {
+      gauss_log_densities<0, true>, gauss_log_densities<1, true>, gauss_log_densities<2, true>,
+      gauss_log_densities<3, true>, gauss_log_densities<4, true>, gauss_log_densities<5, true>,
+      gauss_log_densities<6, true>, gauss_log_densities<7, true>, gauss_log_densities<8, true>};
+  const Kernel* kernels = cfg_.covariance == Covariance::kDiag ? kDiag : kFull;
+  kernels[d_ <= 8 ? d_ : 0](x, n, d_, k_, emit_soa_.data(), w.y.data(), out);
 }
 
 void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {

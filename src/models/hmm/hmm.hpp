@@ -239,7 +239,8 @@ class Model {
   std::vector<RowMatrix> chol_;
   Eigen::VectorXd quad_scale_;
   Eigen::VectorXd gauss_const_;  // Gaussian: per-state constant of the log density
-  RowMatrix emit_soa_;           // Gaussian: the log densities' parameters, state-minor (refresh)
+  RowMatrix emit_soa_;  // Gaussian: the log densities' parameters in blocks of vector-width states
+                        // (refresh)
   std::vector<Stats> work_;
   // Per-thread forward-backward buffers, kept across local steps and across calls of the const
   // passes (likelihoods, posteriors, Viterbi; `hmm score` and `--posteriors` call them once per
