@@ -335,13 +335,20 @@ __attribute__((noinline)) void outer_add(const double* const* a, const double* c
   if (i < rows) outer_rows<1>(a, u, m, i, cols, out);
 }
 
+// Rows of a block of the Gaussian log densities' parameters (Model::refresh lays them out, the
+// kernels below read them): mu_i and 1 / L_ii for each i, L_ij for j < i (full covariance), the
+// constant and quad_scale / 2, the last two at rows - 2 and rows - 1.
+constexpr int gauss_param_rows(int d, bool diag) {
+  return 2 * d + (diag ? 0 : d * (d - 1) / 2) + 2;
+}
+
 // Log densities of one step under one block's kLanes states (see below): p, the block's R rows of
 // kLanes parameters; y: D vectors of scratch for the whitened coordinates. With D and the
 // covariance's kind fixed at compile time, every parameter is a load at a fixed offset from p
 // (with one row of parameters per quantity, K wide, each needed a register or a spill of its own).
 template <int DD, bool kDiag, class V>
 inline V gauss_block(const double* xt, int D, const double* p, V* y) {
-  const int r_inv = D, r_c = 2 * D + (kDiag ? 0 : D * (D - 1) / 2), r_h = r_c + 1;
+  const int r_inv = D, r_c = gauss_param_rows(D, kDiag) - 2, r_h = r_c + 1;
   V q = {};
   for (int i = 0, l = 2 * D; i < D; ++i) {
     V r = splat<V>(xt[i]) - vload<V>(p + i * kLanes);
@@ -367,7 +374,7 @@ template <int DD, bool kDiag>
 void gauss_log_densities(const double* x, std::int64_t n, int d_rt, int K, const double* soa,
                          VecW* y_mem, double* out) {
   const int D = DD > 0 ? DD : d_rt;
-  const int R = 2 * D + (kDiag ? 0 : D * (D - 1) / 2) + 2;
+  const int R = gauss_param_rows(D, kDiag);
   const int full = K / kLanes, rest = K % kLanes;
   VecW y_reg[DD > 0 ? DD : 1];
   VecW* y = DD > 0 ? y_reg : y_mem;
@@ -634,7 +641,7 @@ void Model::refresh() {
     // The log densities' parameters in blocks of kLanes states (the last block padded with
     // zeros), R rows of kLanes per block: mu_i, 1 / L_ii (diag: 1 / sigma_i), L_ij for j < i row
     // by row (full), the constant, and quad_scale / 2.
-    const int lower = diag ? 0 : d_ * (d_ - 1) / 2, rows = 2 * d_ + lower + 2;
+    const int rows = gauss_param_rows(d_, diag);
     emit_soa_.setZero(static_cast<Eigen::Index>((k_ + kLanes - 1) / kLanes) * rows, kLanes);
     for (int k = 0; k < k_; ++k) {
       const RowMatrix& l =
@@ -648,8 +655,8 @@ void Model::refresh() {
         if (!diag)
           for (int j = 0; j < i; ++j) at(r++) = l(i, j);
       }
-      at(2 * d_ + lower) = gauss_const_[k];
-      at(2 * d_ + lower + 1) = 0.5 * quad_scale_[k];
+      at(rows - 2) = gauss_const_[k];
+      at(rows - 1) = 0.5 * quad_scale_[k];
     }
   }
 }
@@ -685,15 +692,15 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1,
   const double* x = &s.x(t0, 0);
   // Small D: the whitened coordinates stay in registers.
   using Kernel = void (*)(const double*, std::int64_t, int, int, const double*, VecW*, double*);
-  static constexpr Kernel kFull[] = {
+  static constexpr Kernel kFullKernels[] = {
       gauss_log_densities<0, false>, gauss_log_densities<1, false>, gauss_log_densities<2, false>,
       gauss_log_densities<3, false>, gauss_log_densities<4, false>, gauss_log_densities<5, false>,
       gauss_log_densities<6, false>, gauss_log_densities<7, false>, gauss_log_densities<8, false>};
-  static constexpr Kernel kDiag[] = {
+  static constexpr Kernel kDiagKernels[] = {
       gauss_log_densities<0, true>, gauss_log_densities<1, true>, gauss_log_densities<2, true>,
       gauss_log_densities<3, true>, gauss_log_densities<4, true>, gauss_log_densities<5, true>,
       gauss_log_densities<6, true>, gauss_log_densities<7, true>, gauss_log_densities<8, true>};
-  const Kernel* kernels = cfg_.covariance == Covariance::kDiag ? kDiag : kFull;
+  const Kernel* kernels = cfg_.covariance == Covariance::kDiag ? kDiagKernels : kFullKernels;
   kernels[d_ <= 8 ? d_ : 0](x, n, d_, k_, emit_soa_.data(), w.y.data(), out);
 }
 

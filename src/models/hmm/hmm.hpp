@@ -230,7 +230,7 @@ class Model {
   // Derived: the forward-backward's parameters.
   Eigen::VectorXd pi_;
   RowMatrix a_, log_b_t_;  // A (K x K); categorical: log B^T (V x K)
-  RowMatrix a_tr_;         // A' (the backward recursion's product; empty for K >= 112)
+  RowMatrix a_tr_;         // A' (the backward recursion's product; empty from kFuseStates on)
   // Categorical: exp(log B^T - its row maxima) (V x K) and the row maxima (V).
   RowMatrix emit_scaled_;
   Eigen::VectorXd emit_max_;
