@@ -27,6 +27,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <random>
 #include <vector>
@@ -193,8 +194,26 @@ void LogLikelihood(benchmark::State& state, Emission e, std::int64_t n) {
             });
 }
 
+// CAVIAR_BENCH_HMM_K="32,96,112" replaces the list of state counts (for a finer sweep).
 void args(benchmark::internal::Benchmark* b) {
-  for (int k : {8, 32, 64, 128}) b->Arg(k);
+  std::vector<int> ks = {8, 32, 64, 128};
+  if (const char* env = std::getenv("CAVIAR_BENCH_HMM_K")) {
+    ks.clear();
+    for (const char* c = env; *c;) {
+      char* end = nullptr;
+      const long k = std::strtol(c, &end, 10);
+      if (end == c || k < 1 || k > 4096) {
+        std::fprintf(stderr,
+                     "bench_hmm: CAVIAR_BENCH_HMM_K must be a comma-separated list of state "
+                     "counts, got '%s'\n",
+                     env);
+        std::exit(2);
+      }
+      ks.push_back(static_cast<int>(k));
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
+  for (int k : ks) b->Arg(k);
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
