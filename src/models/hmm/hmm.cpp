@@ -85,7 +85,8 @@ constexpr int kLanes = sizeof(VecW) / sizeof(double);
 // y = x' M for a row-major k x k matrix M. Each output block of W columns is summed in registers
 // over i = 0..k-1, so M streams through once and y is written once. Every y_j is the same
 // sequence of FMAs wherever the vector sits in memory: the results are bitwise independent of the
-// thread and of the sequence's place in the shard.
+// thread and of the sequence's place in the shard. The FMAs are written out (vfma, std::fma), as
+// in the recursions' other kernels here, so that no inlining decision of the compiler changes them.
 template <int W>
 void vec_mat_block(const double* x, const double* m, int k, int j0, const double* f, double* y) {
   if constexpr (W % 4 == 0) {
@@ -107,12 +108,12 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
       for (int p = 0; p < P; ++p) {
         const V xi = splat<V>(x[i + p]);
         const double* r = m + static_cast<std::ptrdiff_t>(i + p) * k + j0;
-        for (int v = 0; v < NV; ++v) part[p][v] += xi * vload<V>(r + L * v);
+        for (int v = 0; v < NV; ++v) part[p][v] = vfma(xi, vload<V>(r + L * v), part[p][v]);
       }
     for (; i < k; ++i) {
       const V xi = splat<V>(x[i]);
       const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
-      for (int v = 0; v < NV; ++v) part[0][v] += xi * vload<V>(r + L * v);
+      for (int v = 0; v < NV; ++v) part[0][v] = vfma(xi, vload<V>(r + L * v), part[0][v]);
     }
     for (int v = 0; v < NV; ++v) {
       V acc;
@@ -123,14 +124,14 @@ void vec_mat_block(const double* x, const double* m, int k, int j0, const double
       else
         acc = (part[0][v] + part[1][v]) + (part[2][v] + part[3][v]);
       if (f) acc *= vload<V>(f + j0 + L * v);
-      std::memcpy(y + j0 + L * v, &acc, sizeof acc);
+      vstore(y + j0 + L * v, acc);
     }
   } else {
     double acc[W] = {};
     for (int i = 0; i < k; ++i) {
       const double xi = x[i];
       const double* r = m + static_cast<std::ptrdiff_t>(i) * k + j0;
-      for (int j = 0; j < W; ++j) acc[j] += xi * r[j];
+      for (int j = 0; j < W; ++j) acc[j] = std::fma(xi, r[j], acc[j]);
     }
     for (int j = 0; j < W; ++j) y[j0 + j] = f ? acc[j] * f[j0 + j] : acc[j];
   }
@@ -278,9 +279,12 @@ double sum_fixed(const double* x, int k) {
 template <int R, int NV, class V>
 void outer_block(const double* const* a, const double* const* u, int m, int i, int j0, double* out,
                  int cols) {
-  // R rows share every load of u: R NV FMAs per NV loads and R broadcasts. With R = 4 and NV = 4,
-  // 16 accumulators cover the FMA latency on both pipes (8 left the pipes waiting); R does not
-  // change which FMAs an out_ij takes, nor their order.
+  // R rows share every load of u: R NV FMAs per NV loads and R broadcasts. With R = 4, 12 or 16
+  // accumulators (NV = kOuterNV) cover the FMA latency on both pipes (8 left the pipes waiting);
+  // R and NV do not change which FMAs an out_ij takes, nor their order. The FMAs are explicit
+  // (vfma, std::fma in outer_rows' scalar tail): left to the compiler, a * u + acc was fused in
+  // one inlined or cloned copy of this code and not in another, so the bits of every statistic
+  // changed with edits elsewhere in this file.
   constexpr int L = sizeof(V) / sizeof(double);
   V acc[R][NV];
   for (int r = 0; r < R; ++r)
@@ -291,18 +295,25 @@ void outer_block(const double* const* a, const double* const* u, int m, int i, i
     for (int v = 0; v < NV; ++v) us[v] = vload<V>(u[s] + j0 + L * v);
     for (int r = 0; r < R; ++r) {
       const V av = splat<V>(a[s][i + r]);
-      for (int v = 0; v < NV; ++v) acc[r][v] += av * us[v];
+      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(av, us[v], acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r)
-    std::memcpy(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0, acc[r], sizeof acc[r]);
+    for (int v = 0; v < NV; ++v)
+      vstore(out + static_cast<std::ptrdiff_t>(i + r) * cols + j0 + L * v, acc[r][v]);
 }
+
+// Vectors of columns per outer_block: R NV accumulators, NV vectors of u and one broadcast must
+// fit the register file (16 registers with AVX2: 4 x 4 spilled four accumulators to the stack,
+// each then a store and a reload per term; 32 with AVX-512).
+constexpr int kOuterNV = kLanes == 8 ? 4 : 3;
 
 template <int R>
 void outer_rows(const double* const* a, const double* const* u, int m, int i, int cols,
                 double* out) {
   int j = 0;
-  for (; j + 4 * kLanes <= cols; j += 4 * kLanes) outer_block<R, 4, VecW>(a, u, m, i, j, out, cols);
+  for (; j + kOuterNV * kLanes <= cols; j += kOuterNV * kLanes)
+    outer_block<R, kOuterNV, VecW>(a, u, m, i, j, out, cols);
   if (j + 2 * kLanes <= cols) {
     outer_block<R, 2, VecW>(a, u, m, i, j, out, cols);
     j += 2 * kLanes;
@@ -319,7 +330,7 @@ void outer_rows(const double* const* a, const double* const* u, int m, int i, in
   for (; j < cols; ++j)
     for (int r = 0; r < R; ++r) {
       double* o = out + static_cast<std::ptrdiff_t>(i + r) * cols + j;
-      for (int s = 0; s < m; ++s) *o += a[s][i + r] * u[s][j];
+      for (int s = 0; s < m; ++s) *o = std::fma(a[s][i + r], u[s][j], *o);
     }
 }
 
@@ -353,14 +364,14 @@ inline V gauss_block(const double* xt, int D, const double* p, V* y) {
   for (int i = 0, l = 2 * D; i < D; ++i) {
     V r = splat<V>(xt[i]) - vload<V>(p + i * kLanes);
     if (!kDiag)
-      for (int j = 0; j < i; ++j, ++l) r -= vload<V>(p + l * kLanes) * y[j];
+      for (int j = 0; j < i; ++j, ++l) r = vfma(-vload<V>(p + l * kLanes), y[j], r);
     r *= vload<V>(p + (r_inv + i) * kLanes);
     y[i] = r;
     // One FMA per coordinate after the first, written out: of the two products in r_0^2 + r_1^2
     // the compiler may fuse either, and did so differently as the code around it changed.
     q = i == 0 ? r * r : vfma(r, r, q);
   }
-  return vload<V>(p + r_c * kLanes) - vload<V>(p + r_h * kLanes) * q;
+  return vfma(-vload<V>(p + r_h * kLanes), q, vload<V>(p + r_c * kLanes));
 }
 
 // Log densities of n steps (x: n x D, row-major) under K Gaussians whose parameters soa holds in
