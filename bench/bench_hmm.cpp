@@ -199,7 +199,8 @@ void args(benchmark::internal::Benchmark* b) {
   std::vector<int> ks = {8, 32, 64, 128};
   if (const char* env = std::getenv("CAVIAR_BENCH_HMM_K")) {
     ks.clear();
-    for (const char* c = env; *c;) {
+    // At least one pass: an empty value fails the parse below rather than running nothing.
+    for (const char* c = env; *c || ks.empty();) {
       char* end = nullptr;
       const long k = std::strtol(c, &end, 10);
       if (end == c || k < 1 || k > 4096) {
