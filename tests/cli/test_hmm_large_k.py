@@ -3,13 +3,16 @@
 blocks of 32, 16, 8, 4 and 1 states, and K = 37 (32 + 4 + 1) and K = 61 (32 + 16 + 8 + 4 + 1)
 use every one of them. From 112 states on, the forward and the backward run in one sweep with
 their own scalings (blocks of 8, 4 and 1 rows, vectors of columns and a scalar rest): K = 115
-(14 x 8 + 3 rows, 28 x 4 + 3 columns).
+(14 x 8 + 3 rows, 28 x 4 + 3 columns). The posteriors alone take that sweep from 80 states on,
+and make each gamma_t in it when both of its halves exist: K = 83 (10 x 8 + 3 rows) and 115, on
+sequences of odd and even lengths from 1 step on.
 
 - one Baum-Welch step (categorical; Gaussian full and diag) against the NumPy forward-backward,
   from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood; one CAVI
   step (categorical, K = 115) and its ELBO;
-- posteriors against NumPy, of short sequences and (K = 115) of one long enough to keep the
-  forward in the posteriors' own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
+- posteriors against NumPy, of short sequences (categorical and Gaussian; at K = 83 and 115 also
+  of 1-6 steps) and (K = 83 and 115) of one long enough to keep the forward in the posteriors'
+  own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
 - bitwise identical model files at 1x2 and 2x1 ranks x threads.
 
 usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
@@ -57,7 +60,7 @@ def posteriors_close(gam, post):
     return g.shape == ref.shape and np.abs(g - ref).max() < 1e-9
 
 
-for K in (37, 61, 115):
+for K in (37, 61, 83, 115):
     # EM, categorical.
     fit(path("cat.h5"), ["-k", str(K), "--max-iter", "0", "--posteriors", path(f"cp_{K}.h5")],
         path(f"c0_{K}.h5"))
@@ -84,7 +87,8 @@ for K in (37, 61, 115):
     # EM, Gaussian, full and diagonal covariances.
     for cov in ("full", "diag"):
         args = ["-k", str(K), "--emission", "gaussian", "--covariance", cov, "--min-covar", "1e-3"]
-        fit(path("gau.h5"), args + ["--max-iter", "0"], path(f"g0_{cov}_{K}.h5"))
+        fit(path("gau.h5"), args + ["--max-iter", "0", "--posteriors", path(f"gp_{cov}_{K}.h5")],
+            path(f"g0_{cov}_{K}.h5"))
         fit(path("gau.h5"), args + ["--max-iter", "1"], path(f"g1_{cov}_{K}.h5"))
         g0, g1 = read_model(path(f"g0_{cov}_{K}.h5")), read_model(path(f"g1_{cov}_{K}.h5"))
         covs = g0["covariances"]
@@ -103,6 +107,21 @@ for K in (37, 61, 115):
         check(close(g1["means"], mu) and close(g1["transmat"], tr / tr.sum(1)[:, None])
               and abs(g1["trace"][0] - ll) < 1e-10 * abs(ll),
               f"K = {K}: one Baum-Welch step (Gaussian, {cov}) == NumPy, and its log-likelihood")
+        check(posteriors_close(gam, path(f"gp_{cov}_{K}.h5")),
+              f"K = {K}: posteriors (Gaussian, {cov}) == NumPy")
+
+# Sequences of 1 to 6 steps: the sweep's two halves meet at every place (odd and even lengths;
+# one step, where gamma_0 = alpha_0).
+run(["-q", "generate", "hmm", "--sequences", "40", "--length", "1-6", "--states", "5",
+     "--emission", "categorical", "--symbols", "7", "--seed", "5", "--out", path("tiny.h5")])
+for K in (83, 115):
+    fit(path("tiny.h5"), ["-k", str(K), "--max-iter", "0", "--posteriors", path(f"tp_{K}.h5")],
+        path(f"t0_{K}.h5"))
+    t0 = read_model(path(f"t0_{K}.h5"))
+    _, _, _, gam = expected_counts(read_data(path("tiny.h5")), t0["startprob"], t0["transmat"],
+                                   lambda x: np.log(t0["emissionprob"][:, x].T), K)
+    check(posteriors_close(gam, path(f"tp_{K}.h5")),
+          f"K = {K}: posteriors of sequences of 1-6 steps == NumPy")
 
 # One CAVI step at K = 115 (categorical): the forward-backward on exp E[ln A] and exp E[ln B],
 # whose rows do not sum to one.
@@ -126,14 +145,15 @@ check(np.allclose(v1["posterior/start"], 0.7 + st, rtol=1e-10)
       and abs(v1["trace"][0] - elbo) < 1e-10 * abs(elbo),
       f"K = 115: one CAVI step (categorical) == NumPy, and its ELBO ({v1['trace'][0]!r}, {elbo!r})")
 
-# One 3,000-step sequence at K = 115: 2.8 MB of forward, kept in the posteriors' rows.
-fit(path("long.h5"), ["-k", "115", "--max-iter", "0", "--posteriors", path("lp.h5")],
-    path("l0.h5"))
-l0 = read_model(path("l0.h5"))
-_, _, _, gam = expected_counts(read_data(path("long.h5")), l0["startprob"], l0["transmat"],
-                               lambda x: np.log(l0["emissionprob"][:, x].T), 115)
-check(posteriors_close(gam, path("lp.h5")),
-      "K = 115: posteriors of a 3,000-step sequence == NumPy")
+# One 3,000-step sequence at K = 83 and 115: 2-2.8 MB of forward, kept in the posteriors' rows.
+for K in (83, 115):
+    fit(path("long.h5"), ["-k", str(K), "--max-iter", "0", "--posteriors", path(f"lp_{K}.h5")],
+        path(f"l0_{K}.h5"))
+    l0 = read_model(path(f"l0_{K}.h5"))
+    _, _, _, gam = expected_counts(read_data(path("long.h5")), l0["startprob"], l0["transmat"],
+                                   lambda x: np.log(l0["emissionprob"][:, x].T), K)
+    check(posteriors_close(gam, path(f"lp_{K}.h5")),
+          f"K = {K}: posteriors of a 3,000-step sequence == NumPy")
 
 # Rank and thread invariance at K = 37 and 115, 3 iterations (EM, Gaussian full; CAVI,
 # categorical).

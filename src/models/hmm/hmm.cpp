@@ -173,6 +173,11 @@ void vec_mat(const double* x, const double* m, int k, const double* f, double* y
 // the long sequences lost up to 22%; at 112 and 128 no case was slower beyond the noise, and
 // sequences of 100 steps gained 7-30%).
 constexpr int kFuseStates = 112;
+// From this many states on, the posteriors alone (no statistics) take that sweep too, and make
+// each gamma_t in it (forward_backward): with no second pass over T x K arrays, the shared pass
+// over A pays from fewer states (bench_hmm on Zen 3, one sequence of 10^5 steps: 12-27% faster at
+// 80 to 112 states; at 64 states 1.4 times slower).
+constexpr int kTwoEndedStates = 80;
 
 // Rows [i, i + R) of M's part in y = x' M, and z_i = M_i. u for those rows (row-major k x k M; z
 // skipped when u is null). y_j goes through memory from one block of rows to the next; for every
@@ -181,7 +186,7 @@ constexpr int kFuseStates = 112;
 // columns, a four-lane step for the rest where V has eight, one scalar chain for the last k mod
 // 4), then the lanes in a fixed order: the same K gives the same order in any build of one vector
 // width.
-template <int R, class V>
+template <int R, class V, bool First = false>
 inline void rows_block(const double* x, const double* u, const double* m, int k, int i, double* y,
                        double* z) {
   constexpr int L = sizeof(V) / sizeof(double);
@@ -198,7 +203,7 @@ inline void rows_block(const double* x, const double* u, const double* m, int k,
   }
   int j = 0;
   for (; j + L <= k; j += L) {
-    V yj = vload<V>(y + j);
+    V yj = First ? V{} : vload<V>(y + j);
     if (u) {
       const V uj = vload<V>(u + j);
       for (int r = 0; r < R; ++r) {
@@ -213,7 +218,7 @@ inline void rows_block(const double* x, const double* u, const double* m, int k,
   }
   if constexpr (L == 8)
     if (j + 4 <= k) {
-      Vec4 yj = vload<Vec4>(y + j);
+      Vec4 yj = First ? Vec4{} : vload<Vec4>(y + j);
       const Vec4 uj = u ? vload<Vec4>(u + j) : Vec4{};
       for (int r = 0; r < R; ++r) {
         const Vec4 a = vload<Vec4>(row[r] + j);
@@ -223,6 +228,7 @@ inline void rows_block(const double* x, const double* u, const double* m, int k,
       vstore(y + j, yj);
       j += 4;
     }
+  if constexpr (First) std::fill(y + j, y + k, 0.0);
   for (; j < k; ++j)
     for (int r = 0; r < R; ++r) {
       y[j] = std::fma(x[i + r], row[r][j], y[j]);
@@ -245,11 +251,19 @@ inline void rows_block(const double* x, const double* u, const double* m, int k,
 
 // y = (x' M) o f (f may be null) and, unless u is null, z = M u, in one pass over M by blocks of
 // eight rows. For k >= kFuseStates, in place of vec_mat (both recursions, and the forward alone,
-// so that a likelihood and a fit's forward take the same operations).
+// so that a likelihood and a fit's forward take the same operations); for the posteriors alone
+// from kTwoEndedStates on.
 __attribute__((noinline)) void vec_mat_rows(const double* x, const double* u, const double* m,
                                             int k, const double* f, double* y, double* z) {
-  std::fill_n(y, k, 0.0);
+  // The first block of rows starts y's chains from zero (rather than from a memset of y: a call
+  // into the C library on every step).
   int i = 0;
+  if (k >= 8) {
+    rows_block<8, VecW, true>(x, u, m, k, 0, y, z);
+    i = 8;
+  } else {
+    std::fill_n(y, k, 0.0);
+  }
   for (; i + 8 <= k; i += 8) rows_block<8, VecW>(x, u, m, k, i, y, z);
   if (i + 4 <= k) {
     rows_block<4, VecW>(x, u, m, k, i, y, z);
@@ -451,7 +465,8 @@ struct Model::Work {
   Eigen::VectorXd c;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
   // K >= kFuseStates: T x K, the backward's beta_t each normalised on its own (forward_backward),
-  // and the K values of u_t before they are normalised
+  // and the K values of u_t before they are normalised (the posteriors alone: also two rows each
+  // of alpha and of beta~)
   RowMatrix bt;
   std::vector<double> ut;
   RowMatrix u;  // kPairs x K: u_t of the transitions not yet added to xi
@@ -807,16 +822,93 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
   // (any positive scaling leaves beta_t's direction as it is), and kept (T x K). The backward
   // sweep below takes Bishop's beta_t from it as beta~_t / (alpha_t . beta~_t), the scaling under
   // which alpha_t . beta_t = 1 (Bishop 2006, eq. 13.64 with gamma_t summing to one).
-  const bool fuse = K >= kFuseStates, paired = fuse && !ring;
+  const bool two_ended = gamma && !stats && K >= kTwoEndedStates;
+  const bool fuse = K >= kFuseStates || two_ended, paired = fuse && !ring;
   if (paired) {
-    if (w.bt.rows() < T || w.bt.cols() != K) w.bt.resize(T, K);
-    w.ut.resize(static_cast<std::size_t>(K));
-    std::fill_n(&w.bt(T - 1, 0), K, 1.0);
+    if (!two_ended) {
+      if (w.bt.rows() < T || w.bt.cols() != K) w.bt.resize(T, K);
+      w.ut.resize(static_cast<std::size_t>(K));
+      std::fill_n(&w.bt(T - 1, 0), K, 1.0);
+    }
     // Every emission first: the backward reads them from the sequence's end.
     if (!sym)
       for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk)
         if (!scaled_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, b_row(t1), ll))
           return -kInf;  // no state can emit some x_t
+  }
+  if (two_ended) {
+    // The marginals alone (Model::posteriors): no statistics need the backward sweep below, so
+    // each gamma_t is made in this sweep, as soon as both alpha_t (the forward, at step t) and
+    // beta~_t (the backward, at step T - 1 - t) exist. Gamma's row t keeps whichever of the two
+    // came first; the second turns it into gamma_t. The sweep's second half thus reads each row
+    // once and writes it once, and there is no second pass over T x K arrays (alpha, beta~ and
+    // the emissions). The values are those of the backward sweep below: gamma_t = alpha_t o
+    // beta~_t / (alpha_t . beta~_t), and gamma_{T-1} = alpha_{T-1} (beta_{T-1} = 1).
+    w.ut.resize(static_cast<std::size_t>(5 * K));
+    double* ut = w.ut.data();
+    double* ar[2] = {ut + K, ut + 2 * K};      // alpha_{t-1} and alpha_t
+    double* br[2] = {ut + 3 * K, ut + 4 * K};  // beta~_{T-t} and beta~_{T-1-t}
+    double* tmp = &w.beta(0, 0);
+    // Row t of gamma from alpha_t (a) and beta~_t (bt); false if alpha_t . beta~_t underflowed.
+    const auto join = [&](const double* a, const double* bt, double* g) {
+      for (int k = 0; k < K; ++k) tmp[k] = a[k] * bt[k];
+      const double r = sum_fixed(tmp, K);
+      if (!(r > 0)) return false;
+      const double inv_r = 1.0 / r;
+      for (int k = 0; k < K; ++k) g[k] = a[k] * (bt[k] * inv_r);
+      return true;
+    };
+    const double* b0 = emission(0);
+    for (int k = 0; k < K; ++k) ar[0][k] = pi_[k] * b0[k];
+    std::fill_n(br[0], K, 1.0);
+    for (std::int64_t t = 0; t < T; ++t) {
+      double* a = ar[t & 1];
+      if (t > 0) {
+        const std::int64_t tb = T - t;  // the backward: beta~_{tb-1} from beta~_tb
+        if (t + kAhead < T) {
+          // Both ends run through arrays larger than the caches, the backward downwards: ask for
+          // the rows they reach kAhead steps later.
+          const double* fa = sym ? nullptr : &w.b(t + kAhead, 0);
+          const double* fb = sym ? nullptr : &w.b(tb - kAhead, 0);
+          for (int k = 0; k < K; k += 8) {
+            if (fa) __builtin_prefetch(fa + k);
+            if (fb) __builtin_prefetch(fb + k);
+            __builtin_prefetch(gamma + (t + kAhead) * K + k, 1);
+            __builtin_prefetch(gamma + (tb - 1 - kAhead) * K + k, 1);
+          }
+        }
+        const double* bb = emission(tb);
+        const double* bet = br[(t - 1) & 1];
+        for (int k = 0; k < K; ++k) ut[k] = bb[k] * bet[k];
+        const double st = sum_fixed(ut, K);
+        if (!(st > 0)) return -kInf;  // no path through the sequence's last T - tb steps
+        const double inv = 1.0 / st;
+        for (int k = 0; k < K; ++k) ut[k] *= inv;
+        vec_mat_rows(ar[(t - 1) & 1], ut, a_.data(), K, emission(t), a, br[t & 1]);
+      }
+      const double c = sum_fixed(a, K);
+      if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
+      w.c[t] = c;
+      const double inv = 1.0 / c;
+      for (int k = 0; k < K; ++k) a[k] *= inv;
+      // alpha_t: row t holds beta~_t already where T - 1 - t < t.
+      double* g = gamma + t * K;
+      if (t == T - 1 || T - 1 - t >= t)
+        std::copy_n(a, K, g);
+      else if (!join(a, g, g))
+        return -kInf;
+      // beta~_{T-1-t} (t > 0; beta~_{T-1} = 1 is not kept): row T - 1 - t holds alpha already
+      // where T - 1 - t <= t.
+      if (t == 0) continue;
+      const std::int64_t tr = T - 1 - t;
+      double* gr = gamma + tr * K;
+      if (tr > t)
+        std::copy_n(br[t & 1], K, gr);
+      else if (!join(gr, br[t & 1], gr))
+        return -kInf;
+    }
+    for (std::int64_t t = 0; t < T; ++t) ll += std::log(w.c[t]);
+    return ll;
   }
   for (std::int64_t t = 0; t < T; ++t) {
     if (!paired && !sym && t % kEmissionChunk == 0 &&
