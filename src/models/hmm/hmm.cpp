@@ -836,6 +836,26 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
         if (!scaled_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, b_row(t1), ll))
           return -kInf;  // no state can emit some x_t
   }
+  // The backward's u~_t = b_t o beta~_t / s_t into ut, s_t being the sum of b_t o beta~_t; false
+  // where s_t is zero (no path through the sequence's last T - t steps).
+  const auto backward_u = [K](const double* b, const double* bt, double* ut) {
+    for (int k = 0; k < K; ++k) ut[k] = b[k] * bt[k];
+    const double st = sum_fixed(ut, K);
+    if (!(st > 0)) return false;
+    const double inv = 1.0 / st;
+    for (int k = 0; k < K; ++k) ut[k] *= inv;
+    return true;
+  };
+  // alpha_t divided by c_t, its sum (kept in w.c); false where c_t is zero (the sequence is
+  // impossible under the parameters).
+  const auto scale_alpha = [K, &w](double* a, std::int64_t t) {
+    const double c = sum_fixed(a, K);
+    if (!(c > 0)) return false;
+    w.c[t] = c;
+    const double inv = 1.0 / c;
+    for (int k = 0; k < K; ++k) a[k] *= inv;
+    return true;
+  };
   if (two_ended) {
     // The marginals alone (Model::posteriors): no statistics need the backward sweep below, so
     // each gamma_t is made in this sweep, as soon as both alpha_t (the forward, at step t) and
@@ -877,20 +897,10 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
             __builtin_prefetch(gamma + (tb - 1 - kAhead) * K + k, 1);
           }
         }
-        const double* bb = emission(tb);
-        const double* bet = br[(t - 1) & 1];
-        for (int k = 0; k < K; ++k) ut[k] = bb[k] * bet[k];
-        const double st = sum_fixed(ut, K);
-        if (!(st > 0)) return -kInf;  // no path through the sequence's last T - tb steps
-        const double inv = 1.0 / st;
-        for (int k = 0; k < K; ++k) ut[k] *= inv;
+        if (!backward_u(emission(tb), br[(t - 1) & 1], ut)) return -kInf;
         vec_mat_rows(ar[(t - 1) & 1], ut, a_.data(), K, emission(t), a, br[t & 1]);
       }
-      const double c = sum_fixed(a, K);
-      if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
-      w.c[t] = c;
-      const double inv = 1.0 / c;
-      for (int k = 0; k < K; ++k) a[k] *= inv;
+      if (!scale_alpha(a, t)) return -kInf;
       // alpha_t: row t holds beta~_t already where T - 1 - t < t.
       double* g = gamma + t * K;
       if (t == T - 1 || T - 1 - t >= t)
@@ -920,25 +930,15 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       for (int k = 0; k < K; ++k) a[k] = pi_[k] * b[k];
     } else if (paired) {
       const std::int64_t tb = T - t;
-      const double* bb = emission(tb);
-      const double* bet = &w.bt(tb, 0);
       double* ut = w.ut.data();
-      for (int k = 0; k < K; ++k) ut[k] = bb[k] * bet[k];
-      const double st = sum_fixed(ut, K);
-      if (!(st > 0)) return -kInf;  // no path through the sequence's last T - tb steps
-      const double inv = 1.0 / st;
-      for (int k = 0; k < K; ++k) ut[k] *= inv;
+      if (!backward_u(emission(tb), &w.bt(tb, 0), ut)) return -kInf;
       vec_mat_rows(alpha_row(t - 1), ut, a_.data(), K, b, a, &w.bt(tb - 1, 0));
     } else if (fuse) {
       vec_mat_rows(alpha_row(t - 1), nullptr, a_.data(), K, b, a, nullptr);
     } else {
       vec_mat(alpha_row(t - 1), a_.data(), K, b, a);
     }
-    const double c = sum_fixed(a, K);
-    if (!(c > 0)) return -kInf;  // the sequence is impossible under the parameters
-    w.c[t] = c;
-    const double inv = 1.0 / c;
-    for (int k = 0; k < K; ++k) a[k] *= inv;
+    if (!scale_alpha(a, t)) return -kInf;
   }
   // log p(x_1..T) = sum_t ln c_t (Bishop 2006, eq. 13.63) plus the maxima taken out of the
   // emissions, added after all of those, step by step.
