@@ -11,8 +11,8 @@ sequences of odd and even lengths from 1 step on.
   from the initial state the fit itself wrote (--max-iter 0), and its log-likelihood; one CAVI
   step (categorical, K = 115) and its ELBO;
 - posteriors against NumPy, of short sequences (categorical and Gaussian; at K = 83 and 115 also
-  of 1-6 steps) and (K = 83 and 115) of one long enough to keep the forward in the posteriors'
-  own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
+  of 1-6 steps, and Gaussian ones of 100-400 steps, whose emissions the sweep makes from both
+  ends) and (K = 83 and 115) of one long enough to keep the forward in the posteriors' own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
 - bitwise identical model files at 1x2 and 2x1 ranks x threads.
 
 usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
@@ -50,6 +50,20 @@ run(["-q", "generate", "hmm", "--sequences", "24", "--length", "20-60", "--state
 cat_seqs, gau_seqs = read_data(path("cat.h5")), read_data(path("gau.h5"))
 run(["-q", "generate", "hmm", "--sequences", "1", "--length", "3000-3000", "--states", "5",
      "--emission", "categorical", "--symbols", "7", "--seed", "4", "--out", path("long.h5")])
+
+
+def gaussian_logb(m):
+    """log N(x_t | mu_k, Sigma_k) for every step and state, from a model file's parameters."""
+    covs = m["covariances"]
+    if covs.ndim == 2:  # diagonal: K x D variances
+        covs = np.array([np.diag(c) for c in covs])
+    prec, logdet = np.linalg.inv(covs), np.linalg.slogdet(covs)[1]
+
+    def logb(x):
+        d = x[:, None, :] - m["means"][None, :, :]
+        q = np.einsum("tki,kij,tkj->tk", d, prec, d)
+        return -0.5 * (x.shape[1] * np.log(2 * np.pi) + logdet[None, :] + q)
+    return logb
 
 
 def posteriors_close(gam, post):
@@ -91,17 +105,8 @@ for K in (37, 61, 83, 115):
             path(f"g0_{cov}_{K}.h5"))
         fit(path("gau.h5"), args + ["--max-iter", "1"], path(f"g1_{cov}_{K}.h5"))
         g0, g1 = read_model(path(f"g0_{cov}_{K}.h5")), read_model(path(f"g1_{cov}_{K}.h5"))
-        covs = g0["covariances"]
-        if covs.ndim == 2:  # diagonal: K x D variances
-            covs = np.array([np.diag(c) for c in covs])
-        prec, logdet = np.linalg.inv(covs), np.linalg.slogdet(covs)[1]
-
-        def logb(x):
-            d = x[:, None, :] - g0["means"][None, :, :]
-            q = np.einsum("tki,kij,tkj->tk", d, prec, d)
-            return -0.5 * (3 * np.log(2 * np.pi) + logdet[None, :] + q)
-
-        ll, st, tr, gam = expected_counts(gau_seqs, g0["startprob"], g0["transmat"], logb, K)
+        ll, st, tr, gam = expected_counts(gau_seqs, g0["startprob"], g0["transmat"],
+                                          gaussian_logb(g0), K)
         X, G = np.concatenate(gau_seqs), np.concatenate(gam)
         mu = (G.T @ X) / G.sum(0)[:, None]
         check(close(g1["means"], mu) and close(g1["transmat"], tr / tr.sum(1)[:, None])
@@ -129,6 +134,20 @@ def categorical_posteriors_close(data, K):
 for K in (83, 115):
     check(categorical_posteriors_close("tiny.h5", K),
           f"K = {K}: posteriors of sequences of 1-6 steps == NumPy")
+
+# Gaussian sequences of 100-400 steps at K = 83 and 115: the posteriors' sweep makes the emissions
+# a chunk of 32 steps at a time from both ends, and the ends meet at different places (a chunk
+# cut short). Several sequences, so that no emission row left over from another one goes unseen.
+run(["-q", "generate", "hmm", "--sequences", "5", "--length", "100-400", "--states", "5",
+     "--emission", "gaussian", "--dim", "3", "--seed", "6", "--out", path("glong.h5")])
+for K in (83, 115):
+    args = ["-k", str(K), "--emission", "gaussian", "--min-covar", "1e-3", "--max-iter", "0"]
+    fit(path("glong.h5"), args + ["--posteriors", path(f"glp_{K}.h5")], path(f"glm_{K}.h5"))
+    m = read_model(path(f"glm_{K}.h5"))
+    _, _, _, gam = expected_counts(read_data(path("glong.h5")), m["startprob"], m["transmat"],
+                                   gaussian_logb(m), K)
+    check(posteriors_close(gam, path(f"glp_{K}.h5")),
+          f"K = {K}: posteriors of Gaussian sequences of 100-400 steps == NumPy")
 
 # One CAVI step at K = 115 (categorical): the forward-backward on exp E[ln A] and exp E[ln B],
 # whose rows do not sum to one.

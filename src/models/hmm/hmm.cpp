@@ -462,7 +462,7 @@ struct Model::Work {
   // T x K: emissions (log, then scaled; Gaussian only, categorical steps read the model's table)
   // and the scaled forward
   RowMatrix b, alpha;
-  Eigen::VectorXd c;
+  Eigen::VectorXd c, lmax;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
   // K >= kFuseStates: T x K, the backward's beta_t each normalised on its own (forward_backward),
   // and the K values of u_t before they are normalised (the posteriors alone: also two rows each
@@ -486,6 +486,7 @@ struct Model::Work {
       b.resize(t, k);
       alpha.resize(t, k);
       c.resize(t);
+      lmax.resize(t);
     }
     if (xi.rows() != k) {
       xi.resize(k, k);
@@ -737,7 +738,7 @@ void Model::log_emissions(const Sequences& s, std::int64_t seq, Work& w) const {
 }
 
 bool Model::scaled_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
-                             Work& w, double* out, double& lm) const {
+                             Work& w, double* out, double* maxima) const {
   // While the chunk's log emissions are still in the L1 cache: each step's less their maximum,
   // exponentiated (math::fast::exp; the states below e^-708 of the most likely one are set to 0);
   // the maxima go back into the log-likelihood.
@@ -756,8 +757,8 @@ bool Model::scaled_emissions(const Sequences& s, std::int64_t seq, std::int64_t 
       m = std::max(std::max(mv[0], mv[1]), std::max(mv[2], mv[3]));
     }
     for (; k < K; ++k) m = std::max(m, r[k]);
-    lm += m;
-    if (!std::isfinite(lm)) return false;
+    maxima[t] = m;
+    if (!std::isfinite(m)) return false;
     for (k = 0; k + kLanes <= K; k += kLanes) {
       const VecW e = math::fast::exp(vload<VecW>(r + k) - m);
       std::memcpy(r + k, &e, sizeof e);
@@ -831,9 +832,10 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       std::fill_n(&w.bt(T - 1, 0), K, 1.0);
     }
     // Every emission first: the backward reads them from the sequence's end.
-    if (!sym)
+    if (!sym && !two_ended)
       for (std::int64_t t1 = 0; t1 < T; t1 += kEmissionChunk)
-        if (!scaled_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, b_row(t1), ll))
+        if (!scaled_emissions(s, seq, t1, std::min(kEmissionChunk, T - t1), w, b_row(t1),
+                              &w.lmax[t1]))
           return -kInf;  // no state can emit some x_t
   }
   // The backward's u~_t = b_t o beta~_t / s_t into ut, s_t being the sum of b_t o beta~_t; false
@@ -855,6 +857,13 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     const double inv = 1.0 / c;
     for (int k = 0; k < K; ++k) a[k] *= inv;
     return true;
+  };
+  // log p(x_1..T) = sum_t ln c_t (Bishop 2006, eq. 13.63) plus the maxima taken out of the
+  // emissions: the Gaussian's (kept per step) first, then the ln c_t, each step by step.
+  const auto add_log_scales = [&] {
+    if (!sym)
+      for (std::int64_t t = 0; t < T; ++t) ll += w.lmax[t];
+    for (std::int64_t t = 0; t < T; ++t) ll += std::log(w.c[t]);
   };
   if (two_ended) {
     // The marginals alone (Model::posteriors): no statistics need the backward sweep below, so
@@ -878,6 +887,18 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       for (int k = 0; k < K; ++k) g[k] = a[k] * (bt[k] * inv_r);
       return true;
     };
+    // Gaussian emissions: rows [0, lo) and [hi, T) are made. Each end makes the next chunk of
+    // them as it reaches it, so that a row is read from the cache by the end that comes to it
+    // first and from memory only by the other.
+    std::int64_t lo = 0, hi = T;
+    const auto made = [&](std::int64_t r, bool up) {
+      if (sym || r < lo || r >= hi) return true;
+      const std::int64_t r0 = up ? lo : std::max(lo, hi - kEmissionChunk);
+      const std::int64_t r1 = up ? std::min(hi, lo + kEmissionChunk) : hi;
+      (up ? lo : hi) = up ? r1 : r0;
+      return scaled_emissions(s, seq, r0, r1 - r0, w, b_row(r0), &w.lmax[r0]);
+    };
+    if (!made(0, true)) return -kInf;
     const double* b0 = emission(0);
     for (int k = 0; k < K; ++k) ar[0][k] = pi_[k] * b0[k];
     std::fill_n(br[0], K, 1.0);
@@ -887,9 +908,10 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
         const std::int64_t tb = T - t;  // the backward: beta~_{tb-1} from beta~_tb
         if (t + kAhead < T) {
           // Both ends run through arrays larger than the caches, the backward downwards: ask for
-          // the rows they reach kAhead steps later.
-          const double* fa = sym ? nullptr : &w.b(t + kAhead, 0);
-          const double* fb = sym ? nullptr : &w.b(tb - kAhead, 0);
+          // the rows they reach kAhead steps later (of the emissions, those the other end made).
+          const auto was_made = [&](std::int64_t r) { return !sym && (r < lo || r >= hi); };
+          const double* fa = was_made(t + kAhead) ? &w.b(t + kAhead, 0) : nullptr;
+          const double* fb = was_made(tb - kAhead) ? &w.b(tb - kAhead, 0) : nullptr;
           for (int k = 0; k < K; k += 8) {
             if (fa) __builtin_prefetch(fa + k);
             if (fb) __builtin_prefetch(fb + k);
@@ -897,6 +919,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
             __builtin_prefetch(gamma + (tb - 1 - kAhead) * K + k, 1);
           }
         }
+        if (!made(tb, false) || !made(t, true)) return -kInf;
         if (!backward_u(emission(tb), br[(t - 1) & 1], ut)) return -kInf;
         vec_mat_rows(ar[(t - 1) & 1], ut, a_.data(), K, emission(t), a, br[t & 1]);
       }
@@ -917,12 +940,12 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
       else if (!join(gr, br[t & 1], gr))
         return -kInf;
     }
-    for (std::int64_t t = 0; t < T; ++t) ll += std::log(w.c[t]);
+    add_log_scales();
     return ll;
   }
   for (std::int64_t t = 0; t < T; ++t) {
     if (!paired && !sym && t % kEmissionChunk == 0 &&
-        !scaled_emissions(s, seq, t, std::min(kEmissionChunk, T - t), w, b_row(t), ll))
+        !scaled_emissions(s, seq, t, std::min(kEmissionChunk, T - t), w, b_row(t), &w.lmax[t]))
       return -kInf;  // no state can emit some x_t
     double* a = alpha_row(t);
     const double* b = emission(t);
@@ -940,9 +963,7 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     }
     if (!scale_alpha(a, t)) return -kInf;
   }
-  // log p(x_1..T) = sum_t ln c_t (Bishop 2006, eq. 13.63) plus the maxima taken out of the
-  // emissions, added after all of those, step by step.
-  for (std::int64_t t = 0; t < T; ++t) ll += std::log(w.c[t]);
+  add_log_scales();
   if (!stats && !gamma) return ll;
   // Backward with the same scaling (Bishop 2006, eq. 13.62): beta_{t-1} = A u_t with u_t = b_t o
   // beta_t / c_t, a vector-matrix product against A' as the forward's is against A. In the same

@@ -192,10 +192,10 @@ class Model {
   // Steps of expected transitions added to xi at once in the backward sweep.
   static constexpr int kPairs = 16;
   // Gaussian emission probabilities of steps [t1, t1 + n) of a sequence into out (n x K), each
-  // step's divided by its largest; adds the logarithms of those maxima to lm; false (lm not
-  // finite) if no state can emit some step.
+  // step's divided by its largest; the logarithms of those maxima into maxima (n); false (a
+  // maximum not finite) if no state can emit some step.
   bool scaled_emissions(const Sequences& s, std::int64_t seq, std::int64_t t1, std::int64_t n,
-                        Work& w, double* out, double& lm) const;
+                        Work& w, double* out, double* maxima) const;
   // Scaled forward-backward of one sequence; returns its log-likelihood (log Z for VB). With
   // stats, adds its expected counts; with gamma, writes the marginals.
   double forward_backward(const Sequences& s, std::int64_t seq, Work& w, Stats* stats,
