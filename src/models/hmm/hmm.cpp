@@ -462,6 +462,8 @@ struct Model::Work {
   // T x K: emissions (log, then scaled; Gaussian only, categorical steps read the model's table)
   // and the scaled forward
   RowMatrix b, alpha;
+  // T: the forward's scalings c_t, and (Gaussian) the logarithm each step's emissions were
+  // divided by
   Eigen::VectorXd c, lmax;
   RowMatrix beta;  // 2 x K: beta_t and beta_{t-1} of the backward recursion
   // K >= kFuseStates: T x K, the backward's beta_t each normalised on its own (forward_backward),
