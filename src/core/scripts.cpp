@@ -61,7 +61,7 @@ void run_plot_script(const std::string& path, const std::vector<std::string>& ar
                      const std::string& png) {
   const char* py = std::getenv("CAVIAR_PYTHON");
   std::string cmd = shell_quote(py ? py : "/usr/bin/python3") + " " + shell_quote(path);
-  for (const std::string& a : args) cmd += " " + shell_quote(a);
+  for (const std::string& a : args) cmd.append(" ").append(shell_quote(a));
   if (std::system(cmd.c_str()) != 0)
     throw Error("rendering " + png + " failed (" + cmd +
                 "); it needs Debian's python3-matplotlib and python3-h5py");

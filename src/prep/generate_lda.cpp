@@ -55,7 +55,8 @@ void generate(const Comm& comm, const GenerateOptions& o) {
     for (std::int64_t w = 1; w < o.words; ++w) cum(k, w) += cum(k, w - 1);
   const CounterRng rng(o.seed, Stream::kLdaGenerate);
   std::vector<std::string> vocab;
-  for (std::int64_t w = 0; w < o.words; ++w) vocab.push_back("w" + std::to_string(w));
+  for (std::int64_t w = 0; w < o.words; ++w)
+    vocab.push_back(std::string("w").append(std::to_string(w)));
   // Documents [first, first + count): the training corpus is [0, docs), the held-out one follows.
   auto make = [&](std::int64_t first, std::int64_t count, const std::string& out) {
     const RowRange part = partition_rows(count, comm.size(), comm.rank());
