@@ -12,7 +12,8 @@ sequences of odd and even lengths from 1 step on.
   step (categorical, K = 115) and its ELBO;
 - posteriors against NumPy, of short sequences (categorical and Gaussian; at K = 83 and 115 also
   of 1-6 steps, and Gaussian ones of 100-400 steps, whose emissions the sweep makes from both
-  ends) and (K = 83 and 115) of one long enough to keep the forward in the posteriors' own rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
+  ends) and (K = 83 and 115) of one long enough to keep the forward in the posteriors' own
+  rows; `hmm score` equal, to the bit, to the fit's log-likelihood;
 - bitwise identical model files at 1x2 and 2x1 ranks x threads.
 
 usage: test_hmm_large_k.py CAVIAR_BIN WORKDIR
