@@ -893,8 +893,11 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
     // them as it reaches it, so that a row is read from the cache by the end that comes to it
     // first and from memory only by the other.
     std::int64_t lo = 0, hi = T;
+    const auto in_memory = [&](std::int64_t r) { return !sym && (r < lo || r >= hi); };
+    // Row r made: if it is not yet, the next chunk from lo up (up) or from hi down, which holds it;
+    // false if no state can emit one of its steps.
     const auto made = [&](std::int64_t r, bool up) {
-      if (sym || r < lo || r >= hi) return true;
+      if (sym || in_memory(r)) return true;
       const std::int64_t r0 = up ? lo : std::max(lo, hi - kEmissionChunk);
       const std::int64_t r1 = up ? std::min(hi, lo + kEmissionChunk) : hi;
       (up ? lo : hi) = up ? r1 : r0;
@@ -911,9 +914,8 @@ double Model::forward_backward(const Sequences& s, std::int64_t seq, Work& w, St
         if (t + kAhead < T) {
           // Both ends run through arrays larger than the caches, the backward downwards: ask for
           // the rows they reach kAhead steps later (of the emissions, those the other end made).
-          const auto was_made = [&](std::int64_t r) { return !sym && (r < lo || r >= hi); };
-          const double* fa = was_made(t + kAhead) ? &w.b(t + kAhead, 0) : nullptr;
-          const double* fb = was_made(tb - kAhead) ? &w.b(tb - kAhead, 0) : nullptr;
+          const double* fa = in_memory(t + kAhead) ? &w.b(t + kAhead, 0) : nullptr;
+          const double* fb = in_memory(tb - kAhead) ? &w.b(tb - kAhead, 0) : nullptr;
           for (int k = 0; k < K; k += 8) {
             if (fa) __builtin_prefetch(fa + k);
             if (fb) __builtin_prefetch(fb + k);
