@@ -268,6 +268,32 @@ TEST(BbviGlm, RefusesResponsesTheLikelihoodCannotTake) {
   EXPECT_NO_THROW(m.check_responses(Vec{-3.5, 2.0}, 0));
 }
 
+TEST(BbviGlm, NamesTheFirstBadResponseRow) {
+  Glm m;
+  m.features = 1;
+  const auto message = [&](const Vec& y, std::int64_t first_row) {
+    try {
+      m.check_responses(y, first_row);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  m.likelihood = Likelihood::kLogistic;
+  EXPECT_EQ(message(Vec{0, 1, 2, 3}, 10),
+            "response row 12 is not a 0/1 label (logistic regression)");
+  EXPECT_EQ(message(Vec{1, NAN}, 0), "response row 1 is not finite");
+  m.likelihood = Likelihood::kPoisson;
+  EXPECT_EQ(message(Vec{4, 0.5}, 7),
+            "response row 8 is not a non-negative integer count (Poisson regression)");
+  m.likelihood = Likelihood::kSoftmax;
+  m.classes = 3;
+  EXPECT_EQ(message(Vec{0, 2, 3}, 0),
+            "response row 2 is not a class label in [0, 3) (softmax regression)");
+  m.likelihood = Likelihood::kLinear;
+  EXPECT_EQ(message(Vec{1, 2, INFINITY}, 5), "response row 7 is not finite");
+}
+
 class BbviFamily : public ::testing::TestWithParam<FamilyKind> {
  protected:
   static constexpr int kP = 5;  // odd: the full-rank draw's last row has no partner

@@ -320,26 +320,34 @@ double Glm::log_prior(std::span<const double> theta, std::span<double> grad) con
 }
 
 void Glm::check_responses(std::span<const double> y, std::int64_t first_row) const {
-  for (std::size_t i = 0; i < y.size(); ++i) {
-    const double v = y[i];
-    const std::string row = "response row " + std::to_string(first_row + std::int64_t(i));
-    if (!std::isfinite(v)) throw Error(row + " is not finite");
+  // The message is built for the first bad row only: one string per row cost about as much as
+  // reading the responses (10^7 rows).
+  const auto fault = [&](double v) -> const char* {
+    if (!std::isfinite(v)) return "is not finite";
     switch (likelihood) {
       case Likelihood::kLogistic:
-        if (v != 0 && v != 1) throw Error(row + " is not a 0/1 label (logistic regression)");
+        if (v != 0 && v != 1) return "is not a 0/1 label (logistic regression)";
         break;
       case Likelihood::kPoisson:
         if (v < 0 || v != std::floor(v))
-          throw Error(row + " is not a non-negative integer count (Poisson regression)");
+          return "is not a non-negative integer count (Poisson regression)";
         break;
       case Likelihood::kSoftmax:
-        if (v < 0 || v >= classes || v != std::floor(v))
-          throw Error(row + " is not a class label in [0, " + std::to_string(classes) +
-                      ") (softmax regression)");
+        if (v < 0 || v >= classes || v != std::floor(v)) return "is not a class label";
         break;
       case Likelihood::kLinear:
         break;
     }
+    return nullptr;
+  };
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const char* what = fault(y[i]);
+    if (what == nullptr) continue;
+    std::string message =
+        "response row " + std::to_string(first_row + std::int64_t(i)) + " " + what;
+    if (likelihood == Likelihood::kSoftmax && std::isfinite(y[i]))
+      message += " in [0, " + std::to_string(classes) + ") (softmax regression)";
+    throw Error(message);
   }
 }
 
